@@ -1,0 +1,11 @@
+# One place for the warning set every corma target uses.
+function(corma_set_warnings target)
+  target_compile_options(${target} PRIVATE
+    -Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor -Wold-style-cast -Wcast-align
+    -Woverloaded-virtual -Wnull-dereference -Wimplicit-fallthrough
+    # g++ 12 reports a false mismatch on Asio's awaitable frames.
+    -Wno-mismatched-new-delete
+    # g++ 12 warns about std::atomic_thread_fence under TSan; Asio uses it.
+    $<$<CXX_COMPILER_ID:GNU>:-Wno-tsan>
+    $<$<BOOL:${CORMA_WARNINGS_AS_ERRORS}>:-Werror>)
+endfunction()

@@ -1,0 +1,195 @@
+// RdmaBackend: the seam between corma's registry/rendezvous layers and a
+// provider (UCX, verbs, or the in-process test backend). Nothing
+// provider-specific crosses it.
+#pragma once
+
+#include <corma/error.hpp>
+
+#include <boost/asio/any_completion_handler.hpp>
+#include <boost/asio/async_result.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+namespace corma {
+
+namespace asio = boost::asio;
+
+/// A registration, as the backend names it.
+enum class RegionId : std::uint64_t {};
+/// A connected (or half-connected) peer, as the backend names it.
+enum class PeerId : std::uint64_t {};
+
+/// What peers may do with a registered region. Local access (the region as
+/// the destination of a get or the source of a put) is always granted.
+enum class Access : std::uint8_t {
+  local = 0,              ///< not exposed to peers
+  remote_read = 1,        ///< peers may get from it
+  remote_read_write = 3,  ///< peers may get from and put into it
+};
+
+/// Opaque bytes a peer needs to reach a region (a UCX rkey buffer, a verbs
+/// rkey record...). Only the backend that produced them can interpret them.
+using PackedKey = std::vector<std::byte>;
+
+/// Packed keys longer than this are refused without being looked at.
+inline constexpr std::size_t max_packed_key_size = 4096;
+
+/// Peer set-up blobs (worker addresses, queue-pair attributes) longer than
+/// this are refused without being looked at.
+inline constexpr std::size_t max_peer_blob_size = 64 * 1024;
+
+/// The result of a map. `effective_addr/len` may be wider than the request
+/// (page rounding): report them, never compute offsets from them.
+struct BackendRegion {
+  RegionId id{};
+  std::uint64_t effective_addr = 0;
+  std::uint64_t effective_len = 0;
+  PackedKey packed_key;
+};
+
+/// One one-sided transfer between a local region and a peer's memory.
+/// get: `len` bytes at the peer's `remote_addr` land in the local region at
+/// `local_offset`. put: the mirror image.
+struct TransferRequest {
+  PeerId peer{};
+  RegionId local{};
+  std::uint64_t local_offset = 0;
+  std::uint64_t remote_addr = 0;
+  std::uint64_t len = 0;
+  PackedKey packed_key;  ///< the key the peer's backend packed for that memory
+};
+using GetRequest = TransferRequest;
+using PutRequest = TransferRequest;
+
+/// The initiator's half of peer set-up: a pending peer and the bytes to send.
+struct PeerOffer {
+  PeerId peer{};
+  std::vector<std::byte> blob;
+};
+
+/// The target's half of peer set-up: its new peer and the bytes to send back.
+struct PeerAnswer {
+  PeerId peer{};
+  std::vector<std::byte> blob;
+};
+
+/// An asynchronous RDMA provider. Every public operation is an Asio
+/// initiating function (any completion token) completing with a Result;
+/// see docs/architecture.md for the contract every implementation honours.
+class RdmaBackend {
+ public:
+  template <class T>
+  using Handler = asio::any_completion_handler<void(Result<T>)>;
+
+  RdmaBackend() = default;
+  RdmaBackend(const RdmaBackend&) = delete;
+  RdmaBackend& operator=(const RdmaBackend&) = delete;
+  virtual ~RdmaBackend() = default;
+
+  /// Wire discriminator: "ucx", "verbs", "test".
+  [[nodiscard]] virtual std::string_view key() const noexcept = 0;
+
+  /// Registrations the provider still holds, counted on confirmed
+  /// deregistration; nullopt when the backend cannot tell.
+  [[nodiscard]] virtual std::optional<std::size_t> live_registrations() const = 0;
+
+  /// Registers [ptr, ptr + len) and packs a remote key for it.
+  template <asio::completion_token_for<void(Result<BackendRegion>)> Token>
+  auto async_map(void* ptr, std::size_t len, Access access, Token&& token) {
+    return asio::async_initiate<Token, void(Result<BackendRegion>)>(
+        [this](auto handler, void* p, std::size_t n, Access a) {
+          do_map(p, n, a, std::move(handler));
+        },
+        token, ptr, len, access);
+  }
+
+  /// Deregisters; idempotent. Success means no longer registered; any error
+  /// means unknown.
+  template <asio::completion_token_for<void(Result<void>)> Token>
+  auto async_unmap(RegionId id, Token&& token) {
+    return asio::async_initiate<Token, void(Result<void>)>(
+        [this](auto handler, RegionId r) { do_unmap(r, std::move(handler)); }, token, id);
+  }
+
+  template <asio::completion_token_for<void(Result<void>)> Token>
+  auto async_get(GetRequest request, Token&& token) {
+    return asio::async_initiate<Token, void(Result<void>)>(
+        [this](auto handler, GetRequest r) { do_get(std::move(r), std::move(handler)); }, token,
+        std::move(request));
+  }
+
+  template <asio::completion_token_for<void(Result<void>)> Token>
+  auto async_put(PutRequest request, Token&& token) {
+    return asio::async_initiate<Token, void(Result<void>)>(
+        [this](auto handler, PutRequest r) { do_put(std::move(r), std::move(handler)); }, token,
+        std::move(request));
+  }
+
+  /// Initiator: creates a pending peer and the offer to send to the target.
+  template <asio::completion_token_for<void(Result<PeerOffer>)> Token>
+  auto async_peer_offer(Token&& token) {
+    return asio::async_initiate<Token, void(Result<PeerOffer>)>(
+        [this](auto handler) { do_peer_offer(std::move(handler)); }, token);
+  }
+
+  /// Target: accepts an offer, creating its peer and the answer to send back.
+  template <asio::completion_token_for<void(Result<PeerAnswer>)> Token>
+  auto async_peer_accept(std::vector<std::byte> offer, Token&& token) {
+    return asio::async_initiate<Token, void(Result<PeerAnswer>)>(
+        [this](auto handler, std::vector<std::byte> o) {
+          do_peer_accept(std::move(o), std::move(handler));
+        },
+        token, std::move(offer));
+  }
+
+  /// Initiator: completes the pending peer with the target's answer.
+  template <asio::completion_token_for<void(Result<void>)> Token>
+  auto async_peer_complete(PeerId peer, std::vector<std::byte> answer, Token&& token) {
+    return asio::async_initiate<Token, void(Result<void>)>(
+        [this](auto handler, PeerId p, std::vector<std::byte> a) {
+          do_peer_complete(p, std::move(a), std::move(handler));
+        },
+        token, peer, std::move(answer));
+  }
+
+  /// Disconnects a peer; transfers to it fail afterwards. Idempotent.
+  template <asio::completion_token_for<void(Result<void>)> Token>
+  auto async_peer_close(PeerId peer, Token&& token) {
+    return asio::async_initiate<Token, void(Result<void>)>(
+        [this](auto handler, PeerId p) { do_peer_close(p, std::move(handler)); }, token, peer);
+  }
+
+  /// Orderly teardown: refuses new work, answers every caller, unmaps what is
+  /// left. Afterwards live_registrations() is 0.
+  template <asio::completion_token_for<void(Result<void>)> Token>
+  auto async_shutdown(Token&& token) {
+    return asio::async_initiate<Token, void(Result<void>)>(
+        [this](auto handler) { do_shutdown(std::move(handler)); }, token);
+  }
+
+ protected:
+  virtual void do_map(void* ptr, std::size_t len, Access access, Handler<BackendRegion> h) = 0;
+  virtual void do_unmap(RegionId id, Handler<void> h) = 0;
+  virtual void do_get(GetRequest request, Handler<void> h) = 0;
+  virtual void do_put(PutRequest request, Handler<void> h) = 0;
+  virtual void do_peer_offer(Handler<PeerOffer> h) = 0;
+  virtual void do_peer_accept(std::vector<std::byte> offer, Handler<PeerAnswer> h) = 0;
+  virtual void do_peer_complete(PeerId peer, std::vector<std::byte> answer, Handler<void> h) = 0;
+  virtual void do_peer_close(PeerId peer, Handler<void> h) = 0;
+  virtual void do_shutdown(Handler<void> h) = 0;
+};
+
+/// Checks a local range before anything reaches a provider: non-null,
+/// non-empty, and `ptr + len` not wrapping around.
+[[nodiscard]] Result<void> validate_range(const void* ptr, std::size_t len);
+
+/// Checks that [offset, offset + len) lies inside a region of `region_len`
+/// bytes, without overflowing.
+[[nodiscard]] Result<void> validate_slice(std::uint64_t offset, std::uint64_t len,
+                                          std::uint64_t region_len);
+
+}  // namespace corma

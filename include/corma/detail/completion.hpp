@@ -1,0 +1,125 @@
+// Holding a type-erased completion handler across threads and handing the
+// result to the handler's own executor. Every corma operation that completes
+// later, on another thread, goes through this one class.
+#pragma once
+
+#include <boost/asio/any_completion_executor.hpp>
+#include <boost/asio/any_completion_handler.hpp>
+#include <boost/asio/associated_cancellation_slot.hpp>
+#include <boost/asio/associated_executor.hpp>
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/execution/outstanding_work.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/prefer.hpp>
+#include <boost/asio/system_executor.hpp>
+
+#include <functional>
+#include <tuple>
+#include <utility>
+
+namespace corma::detail {
+
+namespace asio = boost::asio;
+
+/// Runs a rollback unless it was disarmed: rides along with a completion so
+/// that a result which never reaches its handler (the handler's io_context was
+/// destroyed first) is undone instead of leaked.
+class RollbackUnlessDelivered {
+ public:
+  RollbackUnlessDelivered() = default;
+  explicit RollbackUnlessDelivered(std::function<void()> rollback) : rollback_(std::move(rollback)) {}
+  RollbackUnlessDelivered(RollbackUnlessDelivered&& other) noexcept
+      : rollback_(std::exchange(other.rollback_, nullptr)) {}
+  RollbackUnlessDelivered& operator=(RollbackUnlessDelivered&&) = delete;
+  RollbackUnlessDelivered(const RollbackUnlessDelivered&) = delete;
+  ~RollbackUnlessDelivered() {
+    if (rollback_) rollback_();
+  }
+  void disarm() noexcept { rollback_ = nullptr; }
+
+ private:
+  std::function<void()> rollback_;
+};
+
+template <class Signature>
+class Completion;
+
+/// A pending completion: the handler plus outstanding work on its executor,
+/// so the caller's io_context keeps running while the operation is away on
+/// another thread.
+template <class... Args>
+class Completion<void(Args...)> {
+ public:
+  using Handler = asio::any_completion_handler<void(Args...)>;
+
+  Completion() = default;
+  explicit Completion(Handler handler)
+      : slot_(asio::get_associated_cancellation_slot(handler)),
+        work_(asio::prefer(asio::get_associated_executor(handler),
+                           asio::execution::outstanding_work.tracked)),
+        handler_(std::move(handler)) {}
+
+  Completion(Completion&&) noexcept = default;
+  Completion(const Completion&) = delete;
+  Completion& operator=(const Completion&) = delete;
+  // Boost 1.81's any_completion_handler move assignment recurses forever (it
+  // copies from an lvalue through its converting constructor): swap instead.
+  Completion& operator=(Completion&& other) noexcept {
+    Handler taken(std::move(other.handler_));
+    handler_.swap(taken);
+    slot_ = other.slot_;
+    work_ = std::move(other.work_);
+    return *this;
+  }
+  ~Completion() = default;
+
+  [[nodiscard]] explicit operator bool() const noexcept { return static_cast<bool>(handler_); }
+
+  /// The caller's cancellation slot (may be unconnected). Operations assign
+  /// a handler holding only weak references and never clear it from their own
+  /// thread: Asio slots are not thread-safe, and a late signal after
+  /// completion is a harmless no-op.
+  [[nodiscard]] asio::cancellation_slot cancellation_slot() const noexcept { return slot_; }
+
+  /// Completes on the handler's executor; runs inline only when the current
+  /// thread already runs in that executor. Never call it from the initiating
+  /// function itself: use post() there.
+  void dispatch(Args... args) { hand_off<false>(RollbackUnlessDelivered{}, std::move(args)...); }
+
+  /// Completes on the handler's executor, never inline (costs one extra hop:
+  /// for answers given from the initiating function, which are rare).
+  void post(Args... args) { hand_off<true>(RollbackUnlessDelivered{}, std::move(args)...); }
+
+  /// Like dispatch(), but `rollback` runs (on whatever thread destroys the
+  /// undelivered handler) if the handler is destroyed without being invoked.
+  void dispatch_or_rollback(std::function<void()> rollback, Args... args) {
+    hand_off<false>(RollbackUnlessDelivered{std::move(rollback)}, std::move(args)...);
+  }
+
+ private:
+  template <bool AlwaysPost>
+  void hand_off(RollbackUnlessDelivered rollback, Args... args) {
+    auto work = std::move(work_);
+    auto deliver = [handler = std::move(handler_), rollback = std::move(rollback),
+                    args = std::make_tuple(std::move(args)...)]() mutable {
+      rollback.disarm();
+      std::apply(std::move(handler), std::move(args));
+    };
+    if constexpr (AlwaysPost) {
+      // A type-erased completion executor cannot be asked for
+      // blocking.never, so hop through the system executor: dispatching from
+      // one of its threads never runs inline on the caller's thread.
+      asio::post(asio::system_executor(), [work = std::move(work), deliver = std::move(deliver)]() mutable {
+        asio::dispatch(work, std::move(deliver));
+      });
+    } else {
+      asio::dispatch(work, std::move(deliver));
+    }
+  }
+
+  asio::cancellation_slot slot_;
+  asio::any_completion_executor work_;
+  Handler handler_;
+};
+
+}  // namespace corma::detail

@@ -1,0 +1,135 @@
+// RegionGuard: the RAII owner of one registration handed out by a Registry.
+#pragma once
+
+#include <corma/backend.hpp>
+#include <corma/error.hpp>
+
+#include <boost/asio/any_completion_handler.hpp>
+#include <boost/asio/async_result.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+namespace corma {
+
+namespace detail {
+class Latch;
+class RegionState;
+class RegistryCore;
+}  // namespace detail
+
+/// Everything a peer needs to address a registered region: what the
+/// rendezvous descriptor carries on the wire.
+struct RemoteRegion {
+  std::string backend;          ///< the owner backend's key()
+  std::uint64_t generation = 0; ///< the owner registry's registration number
+  std::uint64_t addr = 0;       ///< the address that was registered
+  std::uint64_t len = 0;        ///< the bytes that were registered
+  PackedKey packed_key;
+};
+
+/// Which bytes a transfer moves: `len` bytes between `local_offset` in the
+/// guard's region and `remote_offset` in the remote region.
+struct TransferRange {
+  std::uint64_t local_offset = 0;
+  std::uint64_t remote_offset = 0;
+  std::uint64_t len = 0;
+};
+
+/// Resolves exactly when a region's memory may be freed or reused. Copyable,
+/// and outlives the guard it came from.
+class DeregisteredEvent {
+ public:
+  [[nodiscard]] bool is_set() const;
+
+  template <asio::completion_token_for<void(Result<void>)> Token>
+  auto async_wait(Token&& token) const {
+    return asio::async_initiate<Token, void(Result<void>)>(
+        [this](auto handler) { do_wait(std::move(handler)); }, token);
+  }
+
+ private:
+  friend class RegionGuard;
+  explicit DeregisteredEvent(std::shared_ptr<detail::Latch> latch) : latch_(std::move(latch)) {}
+  void do_wait(asio::any_completion_handler<void(Result<void>)> handler) const;
+
+  std::shared_ptr<detail::Latch> latch_;
+};
+
+/// Move-only owner of one registration. Destroying it never blocks: it starts
+/// deregistration in the background (on the backend's thread), and the budget
+/// comes back when the backend confirms the unmap.
+class RegionGuard {
+ public:
+  RegionGuard() noexcept;
+  RegionGuard(RegionGuard&& other) noexcept;
+  RegionGuard& operator=(RegionGuard&& other) noexcept;
+  RegionGuard(const RegionGuard&) = delete;
+  RegionGuard& operator=(const RegionGuard&) = delete;
+  ~RegionGuard();
+
+  [[nodiscard]] explicit operator bool() const noexcept { return state_ != nullptr; }
+
+  /// The local view: exactly the bytes that were registered.
+  [[nodiscard]] std::byte* data() const noexcept;
+  [[nodiscard]] std::size_t size() const noexcept;
+  [[nodiscard]] std::span<std::byte> bytes() const noexcept { return {data(), size()}; }
+
+  [[nodiscard]] RegionId id() const noexcept;
+  /// Bytes charged against the budget (whole pages).
+  [[nodiscard]] std::uint64_t charged_bytes() const noexcept;
+  /// What the backend reported, including the effective (page-rounded) range.
+  [[nodiscard]] const BackendRegion& backend_region() const noexcept;
+  /// What a peer needs to get from (or put into) this region.
+  [[nodiscard]] RemoteRegion remote() const;
+  /// Resolves when the memory may be freed or reused.
+  [[nodiscard]] DeregisteredEvent deregistered() const;
+
+  /// Reads `range.len` bytes of `remote` (at `range.remote_offset`) into this
+  /// region at `range.local_offset`. Refused with `region_not_found` once the
+  /// region is being deregistered.
+  template <asio::completion_token_for<void(Result<void>)> Token>
+  auto async_get(PeerId peer, const RemoteRegion& remote, TransferRange range, Token&& token) {
+    return asio::async_initiate<Token, void(Result<void>)>(
+        [this](auto handler, PeerId p, RemoteRegion rr, TransferRange r) {
+          do_transfer(false, p, std::move(rr), r, std::move(handler));
+        },
+        token, peer, remote, range);
+  }
+
+  /// Writes `range.len` bytes of this region (at `range.local_offset`) into
+  /// `remote` at `range.remote_offset`.
+  template <asio::completion_token_for<void(Result<void>)> Token>
+  auto async_put(PeerId peer, const RemoteRegion& remote, TransferRange range, Token&& token) {
+    return asio::async_initiate<Token, void(Result<void>)>(
+        [this](auto handler, PeerId p, RemoteRegion rr, TransferRange r) {
+          do_transfer(true, p, std::move(rr), r, std::move(handler));
+        },
+        token, peer, remote, range);
+  }
+
+  /// Stops new transfers, waits for the ones in flight, unmaps. Success means
+  /// the backend confirmed the release; an error means the state is unknown
+  /// and the budget stays charged.
+  template <asio::completion_token_for<void(Result<void>)> Token>
+  auto async_deregister(Token&& token) {
+    return asio::async_initiate<Token, void(Result<void>)>(
+        [this](auto handler) { do_deregister(std::move(handler)); }, token);
+  }
+
+ private:
+  friend class detail::RegistryCore;
+  explicit RegionGuard(std::shared_ptr<detail::RegionState> state) noexcept;
+
+  void do_transfer(bool is_put, PeerId peer, RemoteRegion remote, TransferRange range,
+                   asio::any_completion_handler<void(Result<void>)> handler);
+  void do_deregister(asio::any_completion_handler<void(Result<void>)> handler);
+  void release() noexcept;
+
+  std::shared_ptr<detail::RegionState> state_;
+};
+
+}  // namespace corma

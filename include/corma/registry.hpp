@@ -1,0 +1,140 @@
+// Registry: byte-budgeted registration of memory with an RdmaBackend.
+#pragma once
+
+#include <corma/backend.hpp>
+#include <corma/error.hpp>
+#include <corma/owned_buffer.hpp>
+#include <corma/region_guard.hpp>
+
+#include <boost/asio/any_completion_handler.hpp>
+#include <boost/asio/associated_executor.hpp>
+#include <boost/asio/async_result.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+
+namespace corma {
+
+struct RegistryConfig {
+  /// Registered bytes (whole pages) the registry may hold at once: the
+  /// RLIMIT_MEMLOCK axis.
+  std::uint64_t budget_bytes = 0;
+  /// Page size used to compute charges; 0 means the system's.
+  std::size_t page_size = 0;
+};
+
+/// Registration latency in power-of-two microsecond buckets: bucket 0 holds
+/// everything under 1 µs, bucket i holds [2^(i-1), 2^i) µs, the last one the rest.
+struct LatencyHistogram {
+  static constexpr std::size_t bucket_count = 24;
+  std::array<std::uint64_t, bucket_count> counts{};
+
+  [[nodiscard]] std::uint64_t total() const noexcept;
+  /// Upper bound of the bucket holding the q-quantile (0 < q <= 1).
+  [[nodiscard]] std::chrono::microseconds quantile_upper_bound(double q) const noexcept;
+  [[nodiscard]] static std::size_t bucket_for(std::chrono::nanoseconds latency) noexcept;
+};
+
+/// A snapshot of a registry's counters; cheap to take.
+struct RegistryStats {
+  std::uint64_t budget_bytes = 0;
+  std::uint64_t registered_bytes = 0;  ///< committed to live regions
+  std::uint64_t reserved_bytes = 0;    ///< held for maps still in progress
+  std::uint64_t regions = 0;           ///< live regions (not yet released)
+  std::uint64_t registrations = 0;     ///< successful registrations, ever
+  std::uint64_t deregistrations = 0;   ///< confirmed releases, ever
+  std::uint64_t refused_budget = 0;
+  std::uint64_t refused_shutting_down = 0;
+  std::uint64_t refused_invalid = 0;
+  std::uint64_t failed_backend = 0;
+  std::uint64_t cancelled = 0;
+  std::uint64_t unconfirmed_unmaps = 0;
+  std::uint64_t leaked_owned_buffers = 0;  ///< freed never: release unconfirmed
+  LatencyHistogram registration_latency;
+};
+
+/// A failed owned registration hands its buffer back with the error.
+struct OwnedRegistrationFailure {
+  Error error;
+  OwnedBuffer buffer;
+};
+[[nodiscard]] inline const std::error_code& make_error_code(const OwnedRegistrationFailure& f) noexcept {
+  return f.error.code;
+}
+[[noreturn]] void outcome_throw_as_system_error_with_payload(const OwnedRegistrationFailure& f);
+
+using OwnedResult = Result<RegionGuard, OwnedRegistrationFailure>;
+
+/// Registers memory under a byte budget and hands out RegionGuards. The
+/// Registry object may be destroyed while guards live: they keep what they
+/// need, and their background deregistration still completes.
+class Registry {
+ public:
+  Registry(std::shared_ptr<RdmaBackend> backend, RegistryConfig config);
+  Registry(Registry&&) noexcept;
+  Registry& operator=(Registry&&) noexcept;
+  ~Registry();
+
+  /// Registers caller-owned memory, which must stay valid until the guard's
+  /// deregistered() resolves.
+  template <asio::completion_token_for<void(Result<RegionGuard>)> Token>
+  auto async_register(std::span<std::byte> memory, Access access, Token&& token) {
+    return asio::async_initiate<Token, void(Result<RegionGuard>)>(
+        [this](auto handler, std::span<std::byte> m, Access a) {
+          do_register(m, a, std::move(handler));
+        },
+        token, memory, access);
+  }
+
+  /// Registers memory the registry then owns; it is freed after confirmed
+  /// release. On failure (budget_exceeded is routine) the buffer comes back.
+  template <asio::completion_token_for<void(OwnedResult)> Token>
+  auto async_register_owned(OwnedBuffer buffer, Access access, Token&& token) {
+    return asio::async_initiate<Token, void(OwnedResult)>(
+        [this](auto handler, OwnedBuffer b, Access a) {
+          do_register_owned(std::move(b), a, std::move(handler));
+        },
+        token, std::move(buffer), access);
+  }
+
+  /// Closes admission (new registrations get `shutting_down`), waits for the
+  /// admitted ones, deregisters everything, and latches every region's
+  /// deregistered() once the backend reports zero live registrations.
+  /// Completes with `timeout` if that takes longer than `deadline`.
+  /// Idempotent: later calls complete with the first call's outcome.
+  template <asio::completion_token_for<void(Result<void>)> Token>
+  auto async_shutdown(std::chrono::steady_clock::duration deadline, Token&& token) {
+    return asio::async_initiate<Token, void(Result<void>)>(
+        [this](auto handler, std::chrono::steady_clock::duration d) {
+          // The deadline timer runs on the caller's executor.
+          auto timer = std::make_shared<asio::steady_timer>(asio::get_associated_executor(handler));
+          do_shutdown(d, std::move(timer), std::move(handler));
+        },
+        token, deadline);
+  }
+
+  [[nodiscard]] RegistryStats stats() const;
+
+  /// The bytes a registration of [ptr, ptr + len) charges: its enclosing pages.
+  [[nodiscard]] std::uint64_t charge_for(const void* ptr, std::size_t len) const noexcept;
+
+  [[nodiscard]] const std::shared_ptr<RdmaBackend>& backend() const noexcept;
+
+ private:
+  void do_register(std::span<std::byte> memory, Access access,
+                   asio::any_completion_handler<void(Result<RegionGuard>)> handler);
+  void do_register_owned(OwnedBuffer buffer, Access access,
+                         asio::any_completion_handler<void(OwnedResult)> handler);
+  void do_shutdown(std::chrono::steady_clock::duration deadline,
+                   std::shared_ptr<asio::steady_timer> timer,
+                   asio::any_completion_handler<void(Result<void>)> handler);
+
+  std::shared_ptr<detail::RegistryCore> core_;
+};
+
+}  // namespace corma

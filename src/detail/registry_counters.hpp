@@ -1,0 +1,36 @@
+// Lock-free counters behind RegistryStats.
+#pragma once
+
+#include <corma/registry.hpp>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+
+namespace corma::detail {
+
+struct RegistryCounters {
+  using Counter = std::atomic<std::uint64_t>;
+
+  Counter regions{0};
+  Counter registrations{0};
+  Counter deregistrations{0};
+  Counter refused_budget{0};
+  Counter refused_shutting_down{0};
+  Counter refused_invalid{0};
+  Counter failed_backend{0};
+  Counter cancelled{0};
+  Counter unconfirmed_unmaps{0};
+  Counter leaked_owned_buffers{0};
+  std::array<Counter, LatencyHistogram::bucket_count> latency{};
+
+  static void bump(Counter& c) noexcept { c.fetch_add(1, std::memory_order_relaxed); }
+  void record_latency(std::chrono::nanoseconds elapsed) noexcept;
+  /// Counts a failed registration under its reason.
+  void record_failure(const Error& error) noexcept;
+  /// Copies every counter into `stats` (budget figures are filled elsewhere).
+  void snapshot(RegistryStats& stats) const noexcept;
+};
+
+}  // namespace corma::detail

@@ -1,0 +1,255 @@
+#include "detail/registry_core.hpp"
+
+#include <unistd.h>
+
+#include <boost/asio/bind_cancellation_slot.hpp>
+
+#include <utility>
+
+namespace corma::detail {
+namespace {
+
+std::size_t system_page_size() { return static_cast<std::size_t>(::sysconf(_SC_PAGESIZE)); }
+
+}  // namespace
+
+struct RegistryCore::Registration {
+  Completion<void(Result<RegionGuard>, OwnedBuffer)> completion;
+  std::span<std::byte> memory;
+  Budget::Reservation reservation;
+  OwnedBuffer owned;
+  std::chrono::steady_clock::time_point started;
+};
+
+RegistryCore::RegistryCore(std::shared_ptr<RdmaBackend> backend, RegistryConfig config)
+    : backend_(std::move(backend)),
+      page_size_(config.page_size != 0 ? config.page_size : system_page_size()),
+      budget_(std::make_shared<Budget>(config.budget_bytes)) {}
+
+std::uint64_t RegistryCore::charge_for(const void* ptr, std::size_t len) const noexcept {
+  if (len == 0) return 0;
+  const auto start = reinterpret_cast<std::uintptr_t>(ptr);
+  const std::uint64_t first_page = start / page_size_;
+  const std::uint64_t last_page = (start + (len - 1)) / page_size_;
+  return (last_page - first_page + 1) * page_size_;
+}
+
+void RegistryCore::start_registration(std::span<std::byte> memory, Access access,
+                                      OwnedBuffer owned, RegistrationDone done) {
+  Registration reg{Completion<void(Result<RegionGuard>, OwnedBuffer)>(std::move(done)), memory,
+                   {}, std::move(owned), std::chrono::steady_clock::now()};
+  auto refuse = [&](Error error) {
+    counters_.record_failure(error);
+    reg.completion.post(std::move(error), std::move(reg.owned));
+  };
+
+  if (auto valid = validate_range(memory.data(), memory.size()); !valid) {
+    return refuse(std::move(valid).error());
+  }
+  {
+    std::lock_guard lock(mutex_);
+    if (closed_) {
+      // Unlocking happens before refuse() runs: it only posts.
+      return refuse(Error{errc::shutting_down, "registry is shutting down"});
+    }
+    ++admitted_;
+  }
+  auto reservation = budget_->reserve(charge_for(memory.data(), memory.size()));
+  if (!reservation) {
+    refuse(std::move(reservation).error());
+    return admitted_done();
+  }
+  reg.reservation = std::move(reservation).value();
+
+  auto slot = reg.completion.cancellation_slot();
+  backend_->async_map(
+      memory.data(), memory.size(), access,
+      asio::bind_cancellation_slot(
+          slot, [self = shared_from_this(), reg = std::move(reg)](Result<BackendRegion> mapped) mutable {
+            self->on_mapped(std::move(reg), std::move(mapped));
+          }));
+}
+
+void RegistryCore::on_mapped(Registration reg, Result<BackendRegion> mapped) {
+  if (!mapped) {
+    counters_.record_failure(mapped.error());
+    reg.completion.dispatch(std::move(mapped).error(), std::move(reg.owned));
+    return admitted_done();
+  }
+
+  std::uint64_t generation = 0;
+  bool closing = false;
+  {
+    std::lock_guard lock(mutex_);
+    closing = closed_;
+    generation = next_generation_++;
+  }
+  if (closing) {
+    // Admitted just before shutdown closed the gate: undo it here so that
+    // shutdown, which waits for us, misses nothing.
+    const RegionId id = mapped.value().id;
+    backend_->async_unmap(id, [self = shared_from_this(), reg = std::move(reg)](Result<void> unmapped) mutable {
+      if (!unmapped) {
+        // Still registered as far as we know: keep the bytes charged and the
+        // buffer out of the caller's hands.
+        reg.reservation.commit();
+        if (reg.owned) RegionState::quarantine(std::move(reg.owned), self->counters_);
+      }
+      self->counters_.record_failure(Error{errc::shutting_down});
+      reg.completion.dispatch(Error{errc::shutting_down, "registry shut down during registration"},
+                              std::move(reg.owned));
+      self->admitted_done();
+    });
+    return;
+  }
+
+  const std::uint64_t charged = reg.reservation.bytes();
+  reg.reservation.commit();
+  auto state = std::make_shared<RegionState>(shared_from_this(), std::move(mapped).value(), reg.memory,
+                                             charged, generation, std::move(reg.owned));
+  {
+    std::lock_guard lock(mutex_);
+    live_.emplace(generation, state);
+  }
+  RegistryCounters::bump(counters_.regions);
+  RegistryCounters::bump(counters_.registrations);
+  counters_.record_latency(std::chrono::steady_clock::now() - reg.started);
+  // An undelivered guard is destroyed with the handler, which deregisters it.
+  reg.completion.dispatch(RegionGuard(std::move(state)), OwnedBuffer{});
+  admitted_done();
+}
+
+void RegistryCore::admitted_done() {
+  bool deregister = false;
+  {
+    std::lock_guard lock(mutex_);
+    --admitted_;
+    if (shutdown_.started && !shutdown_.deregistering && admitted_ == 0) {
+      shutdown_.deregistering = deregister = true;
+    }
+  }
+  if (deregister) deregister_all();
+}
+
+void RegistryCore::on_region_released(const RegionState& region) {
+  budget_->release_committed(region.charged());
+  counters_.regions.fetch_sub(1, std::memory_order_relaxed);
+  RegistryCounters::bump(counters_.deregistrations);
+  std::shared_ptr<RegionState> dropped;  // destroyed outside the lock
+  std::lock_guard lock(mutex_);
+  live_.erase(region.generation());
+  if (auto it = unconfirmed_.find(region.generation()); it != unconfirmed_.end()) {
+    dropped = std::move(it->second);
+    unconfirmed_.erase(it);
+  }
+}
+
+void RegistryCore::on_region_unconfirmed(const std::shared_ptr<RegionState>& region) {
+  RegistryCounters::bump(counters_.unconfirmed_unmaps);
+  std::lock_guard lock(mutex_);
+  unconfirmed_.emplace(region->generation(), region);
+}
+
+void RegistryCore::abandon_unconfirmed() {
+  std::map<std::uint64_t, std::shared_ptr<RegionState>> dropped;
+  std::lock_guard lock(mutex_);
+  dropped.swap(unconfirmed_);
+}
+
+void RegistryCore::start_shutdown(std::chrono::steady_clock::duration deadline,
+                                  std::shared_ptr<asio::steady_timer> timer,
+                                  asio::any_completion_handler<void(Result<void>)> handler) {
+  Completion<void(Result<void>)> waiter(std::move(handler));
+  bool first = false;
+  bool deregister = false;
+  {
+    std::unique_lock lock(mutex_);
+    closed_ = true;
+    if (shutdown_.outcome) {
+      auto outcome = *shutdown_.outcome;
+      lock.unlock();
+      return waiter.post(std::move(outcome));
+    }
+    shutdown_.waiters.push_back(std::move(waiter));
+    if (!shutdown_.started) {
+      shutdown_.started = first = true;
+      shutdown_.timer = timer;
+      if (admitted_ == 0) shutdown_.deregistering = deregister = true;
+    }
+  }
+  if (first) {
+    timer->expires_after(deadline);
+    timer->async_wait([weak = weak_from_this()](boost::system::error_code ec) {
+      if (ec) return;  // cancelled: shutdown finished in time
+      if (auto self = weak.lock()) {
+        self->finish_shutdown(fail(errc::timeout, "registry shutdown passed its deadline"));
+      }
+    });
+  }
+  if (deregister) deregister_all();
+}
+
+void RegistryCore::deregister_all() {
+  std::vector<std::shared_ptr<RegionState>> regions;
+  {
+    std::lock_guard lock(mutex_);
+    for (auto& [generation, weak] : live_) {
+      if (auto region = weak.lock()) regions.push_back(std::move(region));
+    }
+  }
+  // One extra count so that listeners answering inline cannot finish early.
+  auto remaining = std::make_shared<std::atomic<std::size_t>>(regions.size() + 1);
+  auto one_done = [self = shared_from_this(), remaining](const Result<void>&) {
+    if (remaining->fetch_sub(1, std::memory_order_acq_rel) == 1) self->on_all_deregistered();
+  };
+  for (auto& region : regions) region->request_deregistration(one_done);
+  one_done(success());
+}
+
+void RegistryCore::on_all_deregistered() {
+  const auto live = backend_->live_registrations();
+  if (live != std::optional<std::size_t>{0}) {
+    return finish_shutdown(fail(errc::backend, live ? std::to_string(*live) +
+                                                          " registrations still live after shutdown"
+                                                    : "backend cannot count its registrations"));
+  }
+  // The backend holds nothing: every region whose unmap went unconfirmed is
+  // released after all.
+  std::vector<std::shared_ptr<RegionState>> regions;
+  {
+    std::lock_guard lock(mutex_);
+    for (auto& [generation, weak] : live_) {
+      if (auto region = weak.lock()) regions.push_back(std::move(region));
+    }
+    for (auto& [generation, region] : unconfirmed_) regions.push_back(region);
+  }
+  for (auto& region : regions) region->confirm_released_by_shutdown();
+  finish_shutdown(success());
+}
+
+void RegistryCore::finish_shutdown(Result<void> outcome) {
+  std::vector<Completion<void(Result<void>)>> waiters;
+  std::shared_ptr<asio::steady_timer> timer;
+  {
+    std::lock_guard lock(mutex_);
+    if (shutdown_.outcome) return;
+    shutdown_.outcome = outcome;
+    waiters.swap(shutdown_.waiters);
+    timer = std::move(shutdown_.timer);
+  }
+  // Cancelling a timer from another thread is not safe; post it to the
+  // timer's own executor.
+  if (timer) asio::post(timer->get_executor(), [timer] { timer->cancel(); });
+  for (auto& waiter : waiters) waiter.dispatch(outcome);
+}
+
+RegistryStats RegistryCore::stats() const {
+  RegistryStats stats;
+  counters_.snapshot(stats);
+  stats.budget_bytes = budget_->limit();
+  stats.registered_bytes = budget_->committed();
+  stats.reserved_bytes = budget_->reserved();
+  return stats;
+}
+
+}  // namespace corma::detail

@@ -1,0 +1,69 @@
+#include "detail/registry_counters.hpp"
+
+#include <bit>
+
+namespace corma {
+
+std::uint64_t LatencyHistogram::total() const noexcept {
+  std::uint64_t sum = 0;
+  for (auto c : counts) sum += c;
+  return sum;
+}
+
+std::size_t LatencyHistogram::bucket_for(std::chrono::nanoseconds latency) noexcept {
+  const auto us = static_cast<std::uint64_t>(std::max<std::int64_t>(0, latency.count() / 1000));
+  const auto bucket = static_cast<std::size_t>(std::bit_width(us));
+  return std::min(bucket, bucket_count - 1);
+}
+
+std::chrono::microseconds LatencyHistogram::quantile_upper_bound(double q) const noexcept {
+  const std::uint64_t n = total();
+  if (n == 0) return std::chrono::microseconds{0};
+  const auto wanted = static_cast<std::uint64_t>(q * static_cast<double>(n) + 0.999999);
+  std::uint64_t seen = 0;
+  for (std::size_t i = 0; i < bucket_count; ++i) {
+    seen += counts[i];
+    if (seen >= wanted) return std::chrono::microseconds{std::uint64_t{1} << i};
+  }
+  return std::chrono::microseconds{std::uint64_t{1} << (bucket_count - 1)};
+}
+
+namespace detail {
+
+void RegistryCounters::record_latency(std::chrono::nanoseconds elapsed) noexcept {
+  bump(latency[LatencyHistogram::bucket_for(elapsed)]);
+}
+
+void RegistryCounters::record_failure(const Error& error) noexcept {
+  if (error.is(errc::budget_exceeded)) {
+    bump(refused_budget);
+  } else if (error.is(errc::shutting_down)) {
+    bump(refused_shutting_down);
+  } else if (error.is(errc::out_of_range)) {
+    bump(refused_invalid);
+  } else if (error.is(errc::cancelled)) {
+    bump(cancelled);
+  } else {
+    bump(failed_backend);
+  }
+}
+
+void RegistryCounters::snapshot(RegistryStats& stats) const noexcept {
+  constexpr auto relaxed = std::memory_order_relaxed;
+  stats.regions = regions.load(relaxed);
+  stats.registrations = registrations.load(relaxed);
+  stats.deregistrations = deregistrations.load(relaxed);
+  stats.refused_budget = refused_budget.load(relaxed);
+  stats.refused_shutting_down = refused_shutting_down.load(relaxed);
+  stats.refused_invalid = refused_invalid.load(relaxed);
+  stats.failed_backend = failed_backend.load(relaxed);
+  stats.cancelled = cancelled.load(relaxed);
+  stats.unconfirmed_unmaps = unconfirmed_unmaps.load(relaxed);
+  stats.leaked_owned_buffers = leaked_owned_buffers.load(relaxed);
+  for (std::size_t i = 0; i < latency.size(); ++i) {
+    stats.registration_latency.counts[i] = latency[i].load(relaxed);
+  }
+}
+
+}  // namespace detail
+}  // namespace corma

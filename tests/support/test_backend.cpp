@@ -1,0 +1,656 @@
+#include "test_backend.hpp"
+
+#include <corma/detail/completion.hpp>
+
+#include <boost/asio/cancellation_type.hpp>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <vector>
+
+namespace corma::testing {
+
+using detail::Completion;
+
+namespace {
+
+// Every TestBackend in the process, by instance number: the "fabric" that
+// offers and answers name.
+std::mutex fabric_mutex;
+std::map<std::uint64_t, std::weak_ptr<TestBackend::State>> fabric;
+std::atomic<std::uint64_t> next_instance{1};
+
+/// The packed key: which backend and region, and the bytes it covers.
+struct KeyRecord {
+  static constexpr std::uint32_t magic_value = 0x314b5443;  // "CTK1"
+  std::uint32_t magic = magic_value;
+  std::uint32_t reserved = 0;
+  std::uint64_t instance = 0;
+  std::uint64_t region = 0;
+  std::uint64_t addr = 0;
+  std::uint64_t len = 0;
+};
+
+PackedKey pack(const KeyRecord& record) {
+  PackedKey key(sizeof(KeyRecord));
+  std::memcpy(key.data(), &record, sizeof record);
+  return key;
+}
+
+Result<KeyRecord> unpack(const PackedKey& key) {
+  if (key.size() != sizeof(KeyRecord)) return fail(errc::invalid_key, "packed key has the wrong size");
+  KeyRecord record;
+  std::memcpy(&record, key.data(), sizeof record);
+  if (record.magic != KeyRecord::magic_value || record.reserved != 0) {
+    return fail(errc::invalid_key, "packed key is not a test-backend key");
+  }
+  return record;
+}
+
+std::vector<std::byte> encode_u64(std::uint64_t value) {
+  std::vector<std::byte> blob(sizeof value);
+  std::memcpy(blob.data(), &value, sizeof value);
+  return blob;
+}
+
+Result<std::uint64_t> decode_u64(const std::vector<std::byte>& blob) {
+  if (blob.size() != sizeof(std::uint64_t)) return fail(errc::protocol, "peer blob has the wrong size");
+  std::uint64_t value = 0;
+  std::memcpy(&value, blob.data(), sizeof value);
+  return value;
+}
+
+}  // namespace
+
+struct TestBackend::State : std::enable_shared_from_this<State> {
+  struct Region {
+    std::byte* addr = nullptr;
+    std::size_t len = 0;
+    Access access = Access::local;
+    std::size_t transfers = 0;
+    bool unmapping = false;
+    std::vector<Completion<void(Result<void>)>> unmap_waiters;
+  };
+  struct Peer {
+    std::uint64_t remote_instance = 0;  // 0 while pending
+  };
+  struct MapOp {
+    Completion<void(Result<BackendRegion>)> completion;
+    void* ptr = nullptr;
+    std::size_t len = 0;
+    Access access = Access::local;
+    bool held = false;
+    std::optional<RegionId> mapped;
+    std::unique_ptr<asio::steady_timer> timer;
+  };
+  struct TransferOp {
+    Completion<void(Result<void>)> completion;  // empty once answered
+    bool is_put = false;
+    TransferRequest request;
+    KeyRecord key;
+    std::unique_ptr<asio::steady_timer> timer;
+  };
+
+  const std::uint64_t instance = next_instance++;
+  asio::io_context io;
+  asio::executor_work_guard<asio::io_context::executor_type> work = asio::make_work_guard(io);
+
+  mutable std::mutex mutex;
+  std::condition_variable changed;
+  TestBackendFaults faults;
+  bool holding = false;
+  bool holding_transfers = false;
+  std::vector<std::uint64_t> held_transfers;
+  bool shut_down = false;
+  std::uint64_t next_id = 1;
+  std::map<RegionId, Region> regions;
+  std::map<PeerId, Peer> peers;
+  std::map<std::uint64_t, std::shared_ptr<MapOp>> maps;           // not yet answered
+  std::map<std::uint64_t, std::shared_ptr<TransferOp>> transfers;  // not yet finished
+  std::size_t held_count = 0;
+  std::size_t handed_off = 0;
+
+  template <class Predicate>
+  bool wait(std::chrono::milliseconds timeout, Predicate predicate) {
+    std::unique_lock lock(mutex);
+    return changed.wait_for(lock, timeout, [&] { return predicate(*this); });
+  }
+
+  /// Posts `fn(state)` to the progress thread if the state still exists.
+  template <class Fn>
+  static void post_to(const std::weak_ptr<State>& weak, Fn fn) {
+    if (auto self = weak.lock()) {
+      asio::post(self->io, [self, fn = std::move(fn)]() mutable { fn(*self); });
+    }
+  }
+
+  /// Installs a cancellation handler on the caller's thread (where the slot
+  /// lives) that forwards to the progress thread.
+  template <class Fn>
+  void on_cancel(asio::cancellation_slot slot, Fn fn) {
+    if (!slot.is_connected()) return;
+    slot.assign([weak = weak_from_this(), fn = std::move(fn)](asio::cancellation_type) {
+      post_to(weak, fn);
+    });
+  }
+
+  // ---- map / unmap (progress thread) ----
+
+  void run_map(std::uint64_t op_id) {
+    std::unique_lock lock(mutex);
+    auto it = maps.find(op_id);
+    if (it == maps.end()) return;  // cancelled before it ran
+    auto op = it->second;
+    if (shut_down) return answer_map(lock, op_id, fail(errc::shutting_down, "backend shut down"));
+    if (auto valid = validate_range(op->ptr, op->len); !valid) {
+      return answer_map(lock, op_id, std::move(valid).error());
+    }
+    if (holding) {
+      op->held = true;
+      ++held_count;
+      changed.notify_all();
+      return;
+    }
+    const RegionId id{next_id++};
+    regions[id] = Region{static_cast<std::byte*>(op->ptr), op->len, op->access, 0, false, {}};
+    op->mapped = id;
+    changed.notify_all();
+    if (faults.map_delay.count() > 0) {
+      op->timer = std::make_unique<asio::steady_timer>(io, faults.map_delay);
+      op->timer->async_wait([self = shared_from_this(), op_id](boost::system::error_code ec) {
+        if (ec) return;
+        std::unique_lock l(self->mutex);
+        self->deliver_map(l, op_id);
+      });
+      return;
+    }
+    deliver_map(lock, op_id);
+  }
+
+  void deliver_map(std::unique_lock<std::mutex>& lock, std::uint64_t op_id) {
+    auto it = maps.find(op_id);
+    if (it == maps.end()) return;
+    auto op = it->second;
+    maps.erase(it);
+    const RegionId id = *op->mapped;
+    const auto& region = regions.at(id);
+    BackendRegion result{id, reinterpret_cast<std::uint64_t>(region.addr), region.len,
+                         pack(KeyRecord{KeyRecord::magic_value, 0, instance,
+                                        static_cast<std::uint64_t>(id),
+                                        reinterpret_cast<std::uint64_t>(region.addr), region.len})};
+    ++handed_off;
+    changed.notify_all();
+    lock.unlock();
+    // A handler destroyed undelivered (its io_context gone) must not leave
+    // the registration behind.
+    op->completion.dispatch_or_rollback(
+        [weak = weak_from_this(), id] {
+          post_to(weak, [id](State& s) {
+            std::unique_lock l(s.mutex);
+            auto waiters = s.remove_region(id);
+            l.unlock();
+            answer_all(std::move(waiters));
+          });
+        },
+        std::move(result));
+  }
+
+  void answer_map(std::unique_lock<std::mutex>& lock, std::uint64_t op_id, Result<BackendRegion> r) {
+    auto it = maps.find(op_id);
+    if (it == maps.end()) return;
+    auto op = it->second;
+    maps.erase(it);
+    if (op->held) --held_count;
+    Waiters waiters;
+    if (op->mapped) waiters = remove_region(*op->mapped);
+    if (op->timer) op->timer->cancel();
+    changed.notify_all();
+    lock.unlock();
+    answer_all(std::move(waiters));
+    op->completion.dispatch(std::move(r));
+  }
+
+  void cancel_map(std::uint64_t op_id) {
+    std::unique_lock lock(mutex);
+    answer_map(lock, op_id, fail(errc::cancelled, "map cancelled"));
+  }
+
+  void release_held() {
+    std::vector<std::uint64_t> held;
+    {
+      std::lock_guard lock(mutex);
+      holding = false;
+      for (auto& [id, op] : maps) {
+        if (op->held) {
+          op->held = false;
+          --held_count;
+          held.push_back(id);
+        }
+      }
+    }
+    for (auto id : held) run_map(id);
+  }
+
+  using Waiters = std::vector<Completion<void(Result<void>)>>;
+
+  /// Removes a region nobody transfers into; the caller holds the mutex and
+  /// answers the returned unmap waiters after releasing it.
+  [[nodiscard]] Waiters remove_region(RegionId id) {
+    auto it = regions.find(id);
+    if (it == regions.end()) return {};
+    auto waiters = std::move(it->second.unmap_waiters);
+    regions.erase(it);
+    changed.notify_all();
+    return waiters;
+  }
+
+  static void answer_all(Waiters waiters) {
+    for (auto& waiter : waiters) waiter.dispatch(success());
+  }
+
+  void run_unmap(RegionId id, Completion<void(Result<void>)> completion) {
+    std::unique_lock lock(mutex);
+    if (shut_down || faults.refuse_unmap) {
+      lock.unlock();
+      return completion.dispatch(fail(errc::shutting_down, "unmap refused"));
+    }
+    auto it = regions.find(id);
+    if (it == regions.end()) {
+      lock.unlock();
+      return completion.dispatch(success());  // idempotent
+    }
+    if (it->second.transfers > 0) {
+      it->second.unmapping = true;
+      it->second.unmap_waiters.push_back(std::move(completion));
+      return;
+    }
+    regions.erase(it);
+    changed.notify_all();
+    lock.unlock();
+    completion.dispatch(success());
+  }
+
+  // ---- transfers (progress thread) ----
+
+  Result<void> admit_transfer(TransferOp& op) {
+    const auto& req = op.request;
+    if (shut_down) return fail(errc::shutting_down, "backend shut down");
+    if (req.len == 0) return fail(errc::out_of_range, "zero-length transfer");
+    auto local = regions.find(req.local);
+    if (local == regions.end() || local->second.unmapping) {
+      return fail(errc::region_not_found, "local region is not registered");
+    }
+    CORMA_TRY(validate_slice(req.local_offset, req.len, local->second.len));
+    auto peer = peers.find(req.peer);
+    if (peer == peers.end() || peer->second.remote_instance == 0) {
+      return fail(errc::peer_unreachable, "unknown or unconnected peer");
+    }
+    if (req.packed_key.empty() || req.packed_key.size() > max_packed_key_size) {
+      return fail(errc::invalid_key, "packed key is empty or oversized");
+    }
+    CORMA_TRY(op.key, unpack(req.packed_key));
+    if (op.key.instance != peer->second.remote_instance) {
+      return fail(errc::invalid_key, "packed key belongs to another peer");
+    }
+    if (req.remote_addr < op.key.addr) return fail(errc::out_of_range, "remote address below the key's range");
+    CORMA_TRY(validate_slice(req.remote_addr - op.key.addr, req.len, op.key.len));
+    ++local->second.transfers;
+    return success();
+  }
+
+  void run_transfer(std::uint64_t op_id) {
+    std::unique_lock lock(mutex);
+    auto op = transfers.at(op_id);
+    if (auto admitted = admit_transfer(*op); !admitted) {
+      transfers.erase(op_id);
+      changed.notify_all();
+      lock.unlock();
+      return op->completion.dispatch(std::move(admitted).error());
+    }
+    changed.notify_all();
+    if (holding_transfers) {
+      held_transfers.push_back(op_id);
+      return;
+    }
+    if (faults.transfer_delay.count() > 0) {
+      op->timer = std::make_unique<asio::steady_timer>(io, faults.transfer_delay);
+      op->timer->async_wait([self = shared_from_this(), op_id](boost::system::error_code) {
+        self->execute_transfer(op_id);
+      });
+      return;
+    }
+    lock.unlock();
+    execute_transfer(op_id);
+  }
+
+  /// Moves the bytes under the target's lock, as a NIC checks the rkey
+  /// against the target's live registrations.
+  Result<void> copy_bytes(const TransferOp& op, std::byte* local) {
+    if (std::lock_guard lock(mutex); faults.fail_transfers) {
+      return fail(errc::backend, "injected transfer failure");
+    }
+    std::shared_ptr<State> target;
+    {
+      std::lock_guard lock(fabric_mutex);
+      auto it = fabric.find(op.key.instance);
+      if (it != fabric.end()) target = it->second.lock();
+    }
+    if (!target) return fail(errc::peer_unreachable, "peer is gone");
+    std::lock_guard lock(target->mutex);
+    if (target->shut_down) return fail(errc::peer_unreachable, "peer shut down");
+    auto it = target->regions.find(RegionId{op.key.region});
+    const auto need = op.is_put ? Access::remote_read_write : Access::remote_read;
+    if (it == target->regions.end() || reinterpret_cast<std::uint64_t>(it->second.addr) != op.key.addr ||
+        it->second.len != op.key.len ||
+        (static_cast<unsigned>(it->second.access) & static_cast<unsigned>(need)) !=
+            static_cast<unsigned>(need)) {
+      return fail(errc::backend, "remote access error");
+    }
+    std::byte* remote = it->second.addr + (op.request.remote_addr - op.key.addr);
+    if (op.is_put) {
+      std::memmove(remote, local, op.request.len);
+    } else {
+      std::memmove(local, remote, op.request.len);
+    }
+    return success();
+  }
+
+  void execute_transfer(std::uint64_t op_id) {
+    std::shared_ptr<TransferOp> op;
+    std::byte* local = nullptr;
+    {
+      std::lock_guard lock(mutex);
+      auto it = transfers.find(op_id);
+      if (it == transfers.end()) return;
+      op = it->second;
+      // Pinned by admit_transfer: the region cannot have gone.
+      local = regions.at(op->request.local).addr + op->request.local_offset;
+    }
+    Result<void> outcome = shut_down_now() ? Result<void>(fail(errc::shutting_down, "backend shut down"))
+                                           : copy_bytes(*op, local);
+    finish_transfer(op_id, std::move(outcome));
+  }
+
+  bool shut_down_now() const {
+    std::lock_guard lock(mutex);
+    return shut_down;
+  }
+
+  void finish_transfer(std::uint64_t op_id, Result<void> outcome) {
+    std::unique_lock lock(mutex);
+    auto it = transfers.find(op_id);
+    if (it == transfers.end()) return;
+    auto op = it->second;
+    transfers.erase(it);
+    auto region = regions.find(op->request.local);
+    Waiters waiters;
+    if (region != regions.end() && --region->second.transfers == 0 && region->second.unmapping) {
+      waiters = remove_region(op->request.local);
+    }
+    changed.notify_all();
+    lock.unlock();
+    answer_all(std::move(waiters));
+    if (op->completion) op->completion.dispatch(std::move(outcome));
+  }
+
+  void cancel_transfer(std::uint64_t op_id) {
+    Completion<void(Result<void>)> completion;
+    {
+      std::lock_guard lock(mutex);
+      auto it = transfers.find(op_id);
+      if (it == transfers.end()) return;
+      // The transfer itself runs on; only the caller is released.
+      completion = std::move(it->second->completion);
+      it->second->completion = {};
+    }
+    if (completion) completion.dispatch(fail(errc::cancelled, "transfer cancelled"));
+  }
+
+  // ---- shutdown (progress thread) ----
+
+  void run_shutdown() {
+    std::vector<std::shared_ptr<MapOp>> pending_maps;
+    std::vector<std::uint64_t> pending_transfers;
+    {
+      std::lock_guard lock(mutex);
+      shut_down = true;
+      for (auto& [id, op] : maps) pending_maps.push_back(op);
+      for (auto& [id, op] : transfers) pending_transfers.push_back(id);
+    }
+    for (auto& op : pending_maps) {
+      if (op->timer) op->timer->cancel();
+    }
+    {
+      std::unique_lock lock(mutex);
+      std::vector<std::uint64_t> ids;
+      for (auto& [id, op] : maps) ids.push_back(id);
+      for (auto id : ids) {
+        answer_map(lock, id, fail(errc::shutting_down, "backend shut down"));
+        lock.lock();
+      }
+    }
+    for (auto id : pending_transfers) finish_transfer(id, fail(errc::shutting_down, "backend shut down"));
+    Waiters waiters;
+    {
+      std::lock_guard lock(mutex);
+      std::vector<RegionId> ids;
+      for (auto& [id, region] : regions) ids.push_back(id);
+      for (auto id : ids) {
+        for (auto& waiter : remove_region(id)) waiters.push_back(std::move(waiter));
+      }
+      peers.clear();
+    }
+    answer_all(std::move(waiters));
+  }
+};
+
+std::shared_ptr<TestBackend> TestBackend::create() {
+  return std::shared_ptr<TestBackend>(new TestBackend());
+}
+
+TestBackend::TestBackend() : state_(std::make_shared<State>()) {
+  {
+    std::lock_guard lock(fabric_mutex);
+    fabric[state_->instance] = state_;
+  }
+  thread_ = std::thread([state = state_] { state->io.run(); });
+}
+
+TestBackend::~TestBackend() {
+  {
+    std::lock_guard lock(fabric_mutex);
+    fabric.erase(state_->instance);
+  }
+  asio::post(state_->io, [state = state_] {
+    state->run_shutdown();
+    state->work.reset();
+  });
+  // The last reference can be dropped by a completion running on our own
+  // progress thread: that thread then finishes by itself.
+  if (thread_.get_id() == std::this_thread::get_id()) {
+    thread_.detach();
+  } else {
+    thread_.join();
+  }
+}
+
+std::optional<std::size_t> TestBackend::live_registrations() const {
+  std::lock_guard lock(state_->mutex);
+  return state_->regions.size();
+}
+
+void TestBackend::set_faults(const TestBackendFaults& faults) {
+  std::lock_guard lock(state_->mutex);
+  state_->faults = faults;
+}
+
+void TestBackend::hold_maps() {
+  std::lock_guard lock(state_->mutex);
+  state_->holding = true;
+}
+
+void TestBackend::release_maps() {
+  asio::post(state_->io, [state = state_] { state->release_held(); });
+}
+
+void TestBackend::hold_transfers() {
+  std::lock_guard lock(state_->mutex);
+  state_->holding_transfers = true;
+}
+
+void TestBackend::release_transfers() {
+  asio::post(state_->io, [state = state_] {
+    std::vector<std::uint64_t> held;
+    {
+      std::lock_guard lock(state->mutex);
+      state->holding_transfers = false;
+      held.swap(state->held_transfers);
+    }
+    for (auto id : held) state->execute_transfer(id);
+  });
+}
+
+std::size_t TestBackend::held_maps() const {
+  std::lock_guard lock(state_->mutex);
+  return state_->held_count;
+}
+
+std::size_t TestBackend::transfers_in_flight() const {
+  std::lock_guard lock(state_->mutex);
+  return state_->transfers.size();
+}
+
+std::size_t TestBackend::maps_handed_off() const {
+  std::lock_guard lock(state_->mutex);
+  return state_->handed_off;
+}
+
+bool TestBackend::wait_for_live(std::size_t n, std::chrono::milliseconds timeout) {
+  return state_->wait(timeout, [n](const State& s) { return s.regions.size() == n; });
+}
+
+bool TestBackend::wait_for_held_maps(std::size_t n, std::chrono::milliseconds timeout) {
+  return state_->wait(timeout, [n](const State& s) { return s.held_count == n; });
+}
+
+bool TestBackend::wait_for_transfers_in_flight(std::size_t n, std::chrono::milliseconds timeout) {
+  return state_->wait(timeout, [n](const State& s) { return s.transfers.size() == n; });
+}
+
+bool TestBackend::wait_for_maps_handed_off(std::size_t n, std::chrono::milliseconds timeout) {
+  return state_->wait(timeout, [n](const State& s) { return s.handed_off >= n; });
+}
+
+void TestBackend::do_map(void* ptr, std::size_t len, Access access, Handler<BackendRegion> h) {
+  auto op = std::make_shared<State::MapOp>();
+  op->completion = Completion<void(Result<BackendRegion>)>(std::move(h));
+  op->ptr = ptr;
+  op->len = len;
+  op->access = access;
+  std::uint64_t op_id = 0;
+  {
+    std::lock_guard lock(state_->mutex);
+    op_id = state_->next_id++;
+    state_->maps.emplace(op_id, op);
+  }
+  state_->on_cancel(op->completion.cancellation_slot(), [op_id](State& s) { s.cancel_map(op_id); });
+  asio::post(state_->io, [state = state_, op_id] { state->run_map(op_id); });
+}
+
+void TestBackend::do_unmap(RegionId id, Handler<void> h) {
+  asio::post(state_->io, [state = state_, id, c = Completion<void(Result<void>)>(std::move(h))]() mutable {
+    state->run_unmap(id, std::move(c));
+  });
+}
+
+void TestBackend::do_get(GetRequest request, Handler<void> h) { transfer(false, std::move(request), std::move(h)); }
+void TestBackend::do_put(PutRequest request, Handler<void> h) { transfer(true, std::move(request), std::move(h)); }
+
+void TestBackend::transfer(bool is_put, TransferRequest request, Handler<void> h) {
+  auto op = std::make_shared<State::TransferOp>();
+  op->completion = Completion<void(Result<void>)>(std::move(h));
+  op->is_put = is_put;
+  op->request = std::move(request);
+  std::uint64_t op_id = 0;
+  {
+    std::lock_guard lock(state_->mutex);
+    op_id = state_->next_id++;
+    state_->transfers.emplace(op_id, op);
+  }
+  state_->on_cancel(op->completion.cancellation_slot(), [op_id](State& s) { s.cancel_transfer(op_id); });
+  asio::post(state_->io, [state = state_, op_id] { state->run_transfer(op_id); });
+}
+
+void TestBackend::do_peer_offer(Handler<PeerOffer> h) {
+  asio::post(state_->io, [state = state_, c = Completion<void(Result<PeerOffer>)>(std::move(h))]() mutable {
+    std::unique_lock lock(state->mutex);
+    if (state->shut_down) {
+      lock.unlock();
+      return c.dispatch(fail(errc::shutting_down, "backend shut down"));
+    }
+    const PeerId peer{state->next_id++};
+    state->peers[peer] = State::Peer{};
+    lock.unlock();
+    c.dispatch(PeerOffer{peer, encode_u64(state->instance)});
+  });
+}
+
+void TestBackend::do_peer_accept(std::vector<std::byte> offer, Handler<PeerAnswer> h) {
+  asio::post(state_->io, [state = state_, offer = std::move(offer),
+                          c = Completion<void(Result<PeerAnswer>)>(std::move(h))]() mutable {
+    auto remote = decode_u64(offer);
+    if (!remote) return c.dispatch(std::move(remote).error());
+    std::unique_lock lock(state->mutex);
+    if (state->shut_down) {
+      lock.unlock();
+      return c.dispatch(fail(errc::shutting_down, "backend shut down"));
+    }
+    const PeerId peer{state->next_id++};
+    state->peers[peer] = State::Peer{remote.value()};
+    lock.unlock();
+    c.dispatch(PeerAnswer{peer, encode_u64(state->instance)});
+  });
+}
+
+void TestBackend::do_peer_complete(PeerId peer, std::vector<std::byte> answer, Handler<void> h) {
+  asio::post(state_->io, [state = state_, peer, answer = std::move(answer),
+                          c = Completion<void(Result<void>)>(std::move(h))]() mutable {
+    auto remote = decode_u64(answer);
+    if (!remote) return c.dispatch(std::move(remote).error());
+    std::unique_lock lock(state->mutex);
+    auto it = state->peers.find(peer);
+    if (it == state->peers.end()) {
+      lock.unlock();
+      return c.dispatch(fail(errc::peer_unreachable, "no pending peer with that id"));
+    }
+    it->second.remote_instance = remote.value();
+    lock.unlock();
+    c.dispatch(success());
+  });
+}
+
+void TestBackend::do_peer_close(PeerId peer, Handler<void> h) {
+  asio::post(state_->io, [state = state_, peer, c = Completion<void(Result<void>)>(std::move(h))]() mutable {
+    {
+      std::lock_guard lock(state->mutex);
+      state->peers.erase(peer);
+    }
+    c.dispatch(success());
+  });
+}
+
+void TestBackend::do_shutdown(Handler<void> h) {
+  asio::post(state_->io, [state = state_, c = Completion<void(Result<void>)>(std::move(h))]() mutable {
+    state->run_shutdown();
+    c.dispatch(success());
+  });
+}
+
+}  // namespace corma::testing

@@ -1,0 +1,276 @@
+// Registry and RegionGuard: budget, cancellation, ownership, background
+// deregistration, transfers.
+#include "support/registry_fixture.hpp"
+
+#include <boost/asio/experimental/awaitable_operators.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <atomic>
+#include <limits>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+namespace {
+
+namespace asio = boost::asio;
+using namespace asio::experimental::awaitable_operators;
+using corma::Access;
+using corma::errc;
+using corma::OwnedBuffer;
+using corma::RegionGuard;
+using corma::Registry;
+using corma::Result;
+using corma::testing::page_size;
+using corma::testing::RegistryTest;
+using corma::testing::TestBackend;
+using corma::testing::TestBackendFaults;
+
+TEST_F(RegistryTest, ConcurrentRegistrationsNeverOvershootTheBudget) {
+  const std::uint64_t budget = 16 * page_size();
+  auto registry = make_registry(budget);
+  auto memory = OwnedBuffer::allocate(64 * page_size());
+
+  std::mutex mutex;
+  std::vector<RegionGuard> live;  // every guard handed out and not yet dropped
+  std::vector<corma::DeregisteredEvent> events;
+  std::atomic<std::uint64_t> granted{0}, refused{0};
+  std::atomic<bool> overshoot{false};
+
+  auto worker = [&](unsigned seed) {
+    std::mt19937 rng(seed);
+    for (int i = 0; i < 300; ++i) {
+      const std::size_t pages = 1 + rng() % 4;
+      const std::size_t first = rng() % (64 - pages);
+      auto guard = register_now(registry, memory.bytes().subspan(first * page_size(), pages * page_size()));
+      std::lock_guard lock(mutex);
+      if (guard) {
+        ++granted;
+        events.push_back(guard.value().deregistered());
+        live.push_back(std::move(guard).value());
+      } else {
+        EXPECT_TRUE(guard.error().is(errc::budget_exceeded)) << guard.error().message();
+        ++refused;
+      }
+      std::uint64_t held = 0;
+      for (auto& g : live) held += g.charged_bytes();
+      if (held > budget || registry.stats().registered_bytes > budget) overshoot = true;
+      if (live.size() > 2 && rng() % 2 == 0) live.erase(live.begin() + static_cast<long>(rng() % live.size()));
+    }
+  };
+  std::vector<std::thread> threads;
+  for (unsigned t = 0; t < 8; ++t) threads.emplace_back(worker, t + 1);
+  for (auto& t : threads) t.join();
+
+  EXPECT_FALSE(overshoot);
+  EXPECT_GT(granted.load(), 0u);
+  EXPECT_GT(refused.load(), 0u) << "the budget was never under pressure";
+  live.clear();
+  for (auto& e : events) ASSERT_TRUE(wait_released(e));
+  EXPECT_EQ(registry.stats().registered_bytes, 0u);
+  EXPECT_EQ(registry.stats().reserved_bytes, 0u);
+  EXPECT_EQ(backend->live_registrations(), 0u);
+  EXPECT_EQ(registry.stats().registrations, granted.load());
+  EXPECT_EQ(registry.stats().refused_budget, refused.load());
+}
+
+TEST_F(RegistryTest, TimeoutAroundADelayedMapGivesTheBudgetBack) {
+  backend->set_faults(TestBackendFaults{.map_delay = std::chrono::seconds(30)});
+  auto registry = make_registry();
+  std::vector<std::byte> memory(3 * page_size());
+  corma::testing::run(io, [&]() -> asio::awaitable<void> {
+    asio::steady_timer timer(io, std::chrono::milliseconds(20));
+    auto winner = co_await (registry.async_register(memory, Access::remote_read, asio::use_awaitable) ||
+                            timer.async_wait(asio::use_awaitable));
+    EXPECT_EQ(winner.index(), 1u) << "the map was supposed to be slower than the timer";
+  }());
+  EXPECT_EQ(backend->live_registrations(), 0u);
+  const auto stats = registry.stats();
+  EXPECT_EQ(stats.registered_bytes, 0u);
+  EXPECT_EQ(stats.reserved_bytes, 0u);
+  EXPECT_EQ(stats.cancelled, 1u);
+  EXPECT_EQ(stats.regions, 0u);
+}
+
+TEST_F(RegistryTest, OwnedRegistrationHandsTheBufferBackOverBudget) {
+  auto registry = make_registry(4 * page_size());
+  auto buffer = OwnedBuffer::allocate(5 * page_size());
+  std::byte* const address = buffer.data();
+  auto result = registry.async_register_owned(std::move(buffer), Access::remote_read, asio::use_future).get();
+  ASSERT_FALSE(result);
+  const auto& failure = result.error();
+  EXPECT_TRUE(failure.error.is(errc::budget_exceeded));
+  ASSERT_TRUE(failure.error.budget.has_value());
+  EXPECT_EQ(failure.error.budget->requested, 5 * page_size());
+  EXPECT_EQ(failure.error.budget->registered, 0u);
+  EXPECT_EQ(failure.error.budget->budget, 4 * page_size());
+  EXPECT_EQ(failure.buffer.data(), address) << "the same buffer must come back";
+  EXPECT_EQ(failure.buffer.size(), 5 * page_size());
+  EXPECT_THROW((void)result.value(), std::system_error);
+}
+
+TEST_F(RegistryTest, OwnedRegistrationOwnsTheBufferUntilRelease) {
+  auto registry = make_registry();
+  auto buffer = OwnedBuffer::allocate(page_size());
+  buffer.bytes()[0] = std::byte{7};
+  auto result = registry.async_register_owned(std::move(buffer), Access::remote_read, asio::use_future).get();
+  ASSERT_TRUE(result);
+  RegionGuard guard = std::move(result).value();
+  EXPECT_EQ(guard.bytes()[0], std::byte{7});
+  auto event = guard.deregistered();
+  guard = RegionGuard{};
+  EXPECT_TRUE(wait_released(event));
+  EXPECT_EQ(registry.stats().leaked_owned_buffers, 0u);
+}
+
+TEST_F(RegistryTest, DegenerateRangesAreOutOfRange) {
+  auto registry = make_registry();
+  std::vector<std::byte> memory(16);
+  auto* near_top = reinterpret_cast<std::byte*>(std::numeric_limits<std::uintptr_t>::max() - 10);
+  const std::span<std::byte> cases[] = {
+      {static_cast<std::byte*>(nullptr), 16},
+      {memory.data(), 0},
+      {near_top, 100},
+  };
+  for (auto span : cases) {
+    auto r = register_now(registry, span);
+    ASSERT_FALSE(r);
+    EXPECT_TRUE(r.error().is(errc::out_of_range)) << r.error().message();
+  }
+  EXPECT_EQ(registry.stats().refused_invalid, 3u);
+  EXPECT_EQ(registry.stats().registered_bytes, 0u);
+  EXPECT_EQ(backend->live_registrations(), 0u);
+}
+
+TEST_F(RegistryTest, A4097ByteRegistrationChargesTwoPages) {
+  auto registry = make_registry();
+  auto buffer = OwnedBuffer::allocate(4 * page_size());  // page-aligned
+  auto guard = register_now(registry, buffer.bytes().first(page_size() + 1));
+  ASSERT_TRUE(guard);
+  EXPECT_EQ(guard.value().size(), page_size() + 1);
+  EXPECT_EQ(guard.value().charged_bytes(), 2 * page_size());
+  EXPECT_EQ(registry.stats().registered_bytes, 2 * page_size());
+  EXPECT_EQ(registry.charge_for(buffer.data() + 1, page_size()), 2 * page_size());
+  EXPECT_EQ(registry.charge_for(buffer.data(), page_size()), page_size());
+}
+
+TEST_F(RegistryTest, UnconfirmedUnmapKeepsTheBudgetAndTheLatch) {
+  auto registry = make_registry();
+  std::vector<std::byte> memory(page_size());
+  auto guard = register_now(registry, memory).value();
+  auto event = guard.deregistered();
+  backend->set_faults(TestBackendFaults{.refuse_unmap = true});
+
+  auto outcome = guard.async_deregister(asio::use_future).get();
+  ASSERT_FALSE(outcome);
+  EXPECT_TRUE(outcome.error().is(errc::shutting_down));
+  EXPECT_EQ(registry.stats().registered_bytes, page_size());
+  EXPECT_EQ(registry.stats().unconfirmed_unmaps, 1u);
+  EXPECT_FALSE(event.is_set());
+  EXPECT_EQ(backend->live_registrations(), 1u);
+
+  // A retry once the backend cooperates confirms it.
+  backend->set_faults(TestBackendFaults{});
+  EXPECT_TRUE(guard.async_deregister(asio::use_future).get());
+  EXPECT_TRUE(event.is_set());
+  EXPECT_EQ(registry.stats().registered_bytes, 0u);
+  EXPECT_EQ(backend->live_registrations(), 0u);
+}
+
+TEST_F(RegistryTest, DestroyingAGuardOnAThreadWithoutAnIoContextDeregisters) {
+  auto registry = make_registry();
+  std::vector<std::byte> memory(2 * page_size());
+  auto guard = register_now(registry, memory).value();
+  auto event = guard.deregistered();
+  std::thread([g = std::move(guard)]() mutable { g = RegionGuard{}; }).join();
+  EXPECT_TRUE(wait_released(event));
+  EXPECT_EQ(registry.stats().registered_bytes, 0u);
+  EXPECT_EQ(registry.stats().deregistrations, 1u);
+  EXPECT_EQ(backend->live_registrations(), 0u);
+}
+
+TEST_F(RegistryTest, GuardOutlivesItsRegistry) {
+  std::vector<std::byte> memory(page_size());
+  RegionGuard guard;
+  {
+    auto registry = make_registry();
+    guard = register_now(registry, memory).value();
+  }
+  auto event = guard.deregistered();
+  guard = RegionGuard{};
+  EXPECT_TRUE(wait_released(event));
+  EXPECT_EQ(backend->live_registrations(), 0u);
+}
+
+TEST_F(RegistryTest, DeregisterWaitsForTransfersInFlight) {
+  auto target = TestBackend::create();
+  std::vector<std::byte> source(page_size(), std::byte{0x5A}), destination(page_size());
+  auto remote_region = target->async_map(source.data(), source.size(), Access::remote_read,
+                                         asio::use_future).get().value();
+  auto offer = backend->async_peer_offer(asio::use_future).get().value();
+  auto answer = target->async_peer_accept(offer.blob, asio::use_future).get().value();
+  ASSERT_TRUE(backend->async_peer_complete(offer.peer, answer.blob, asio::use_future).get());
+
+  auto registry = make_registry();
+  auto guard = register_now(registry, destination, Access::local).value();
+  const corma::RemoteRegion remote{"test", 1, remote_region.effective_addr, source.size(),
+                                   remote_region.packed_key};
+  backend->hold_transfers();
+  std::vector<std::string> order;
+  guard.async_get(offer.peer, remote, {0, 0, source.size()},
+                  asio::bind_executor(io, [&](Result<void> r) {
+                    EXPECT_TRUE(r);
+                    order.push_back("get");
+                  }));
+  ASSERT_TRUE(backend->wait_for_transfers_in_flight(1));
+  guard.async_deregister(asio::bind_executor(io, [&](Result<void> r) {
+    EXPECT_TRUE(r);
+    order.push_back("deregister");
+  }));
+  // New transfers are refused once deregistration has begun.
+  auto refused = guard.async_get(offer.peer, remote, {0, 0, 8}, asio::use_future).get();
+  EXPECT_TRUE(refused.error().is(errc::region_not_found));
+  io.poll();
+  EXPECT_TRUE(order.empty()) << "deregistration finished while a transfer was in flight";
+  EXPECT_EQ(backend->live_registrations(), 1u);
+
+  backend->release_transfers();
+  while (order.size() < 2) ASSERT_GT(io.run_one_for(std::chrono::seconds(5)), 0u);
+  EXPECT_EQ(order, (std::vector<std::string>{"get", "deregister"}));
+  EXPECT_EQ(destination[100], std::byte{0x5A});
+  EXPECT_EQ(backend->live_registrations(), 0u);
+}
+
+TEST_F(RegistryTest, TransfersAreBoundsCheckedAgainstBothRegions) {
+  auto registry = make_registry();
+  std::vector<std::byte> memory(page_size());
+  auto guard = register_now(registry, memory).value();
+  const corma::RemoteRegion remote{"test", 1, 0x1000, 64, corma::PackedKey(40)};
+  auto r = guard.async_get(corma::PeerId{1}, remote, {page_size() - 8, 0, 16}, asio::use_future).get();
+  EXPECT_TRUE(r.error().is(errc::out_of_range));
+  r = guard.async_get(corma::PeerId{1}, remote, {0, 60, 16}, asio::use_future).get();
+  EXPECT_TRUE(r.error().is(errc::out_of_range));
+  auto foreign = remote;
+  foreign.backend = "ucx";
+  r = guard.async_get(corma::PeerId{1}, foreign, {0, 0, 16}, asio::use_future).get();
+  EXPECT_TRUE(r.error().is(errc::invalid_key));
+}
+
+TEST_F(RegistryTest, StatsCountRegistrationsAndLatency) {
+  auto registry = make_registry();
+  std::vector<std::byte> memory(page_size());
+  for (int i = 0; i < 5; ++i) {
+    auto guard = register_now(registry, memory).value();
+    EXPECT_TRUE(guard.async_deregister(asio::use_future).get());
+  }
+  const auto stats = registry.stats();
+  EXPECT_EQ(stats.registrations, 5u);
+  EXPECT_EQ(stats.deregistrations, 5u);
+  EXPECT_EQ(stats.registration_latency.total(), 5u);
+  EXPECT_EQ(stats.budget_bytes, default_budget);
+  EXPECT_GT(stats.registration_latency.quantile_upper_bound(0.5).count(), 0);
+}
+
+}  // namespace
