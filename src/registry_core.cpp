@@ -72,6 +72,7 @@ void RegistryCore::start_registration(std::span<std::byte> memory, Access access
 
 void RegistryCore::on_mapped(Registration reg, Result<BackendRegion> mapped) {
   if (!mapped) {
+    reg.reservation = {};  // the budget is back before the caller hears of it
     counters_.record_failure(mapped.error());
     reg.completion.dispatch(std::move(mapped).error(), std::move(reg.owned));
     return admitted_done();
@@ -95,6 +96,7 @@ void RegistryCore::on_mapped(Registration reg, Result<BackendRegion> mapped) {
         reg.reservation.commit();
         if (reg.owned) RegionState::quarantine(std::move(reg.owned), self->counters_);
       }
+      reg.reservation = {};  // the budget is back before the caller hears of it
       self->counters_.record_failure(Error{errc::shutting_down});
       reg.completion.dispatch(Error{errc::shutting_down, "registry shut down during registration"},
                               std::move(reg.owned));

@@ -142,18 +142,18 @@ TEST(BackendTransfers, GetAndPutMoveTheBytes) {
     auto local = co_await pair.initiator->async_map(destination.data(), destination.size(),
                                                     Access::local, asio::use_awaitable);
     EXPECT_TRUE(remote && local);
-    auto got = co_await pair.initiator->async_get(
-        corma::GetRequest{pair.peer, local.value().id, 16, remote.value().effective_addr + 100, 1000,
-                          remote.value().packed_key},
-        asio::use_awaitable);
+    // Named, not a braced temporary: g++ 12 destroys aggregate temporaries
+    // inside a co_await expression twice.
+    corma::GetRequest get{pair.peer, local.value().id, 16, remote.value().effective_addr + 100, 1000,
+                          remote.value().packed_key};
+    auto got = co_await pair.initiator->async_get(std::move(get), asio::use_awaitable);
     EXPECT_TRUE(got);
     EXPECT_EQ(std::memcmp(destination.data() + 16, source.data() + 100, 1000), 0);
 
     destination[0] = std::byte{0xAB};
-    auto put = co_await pair.initiator->async_put(
-        corma::PutRequest{pair.peer, local.value().id, 0, remote.value().effective_addr + 4000, 1,
-                          remote.value().packed_key},
-        asio::use_awaitable);
+    corma::PutRequest put_request{pair.peer, local.value().id, 0, remote.value().effective_addr + 4000, 1,
+                                  remote.value().packed_key};
+    auto put = co_await pair.initiator->async_put(std::move(put_request), asio::use_awaitable);
     EXPECT_TRUE(put);
     EXPECT_EQ(source[4000], std::byte{0xAB});
   }());

@@ -105,7 +105,7 @@ TEST_F(RegistryTest, ShutdownReportsRegistrationsTheBackendStillHolds) {
   ASSERT_FALSE(outcome);
   EXPECT_TRUE(outcome.error().is(errc::backend)) << outcome.error().message();
   EXPECT_FALSE(guard.deregistered().is_set());
-  EXPECT_EQ(registry.stats().registered_bytes, page_size());
+  EXPECT_EQ(registry.stats().registered_bytes, guard.charged_bytes());
   backend->set_faults(TestBackendFaults{});
   EXPECT_TRUE(guard.async_deregister(asio::use_future).get());
 }
