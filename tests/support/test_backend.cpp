@@ -22,9 +22,16 @@ using detail::Completion;
 namespace {
 
 // Every TestBackend in the process, by instance number: the "fabric" that
-// offers and answers name.
-std::mutex fabric_mutex;
-std::map<std::uint64_t, std::weak_ptr<TestBackend::State>> fabric;
+// offers and answers name. Never destroyed: a backend whose last reference
+// drops on its own progress thread may unregister while the process exits.
+struct Fabric {
+  std::mutex mutex;
+  std::map<std::uint64_t, std::weak_ptr<TestBackend::State>> backends;
+};
+Fabric& fabric() {
+  static auto* instance = new Fabric;
+  return *instance;
+}
 std::atomic<std::uint64_t> next_instance{1};
 
 /// The packed key: which backend and region, and the bytes it covers.
@@ -185,8 +192,6 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
                          pack(KeyRecord{KeyRecord::magic_value, 0, instance,
                                         static_cast<std::uint64_t>(id),
                                         reinterpret_cast<std::uint64_t>(region.addr), region.len})};
-    ++handed_off;
-    changed.notify_all();
     lock.unlock();
     // A handler destroyed undelivered (its io_context gone) must not leave
     // the registration behind.
@@ -200,6 +205,9 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
           });
         },
         std::move(result));
+    std::lock_guard relock(mutex);
+    ++handed_off;  // counted once the result is in the handler's executor
+    changed.notify_all();
   }
 
   void answer_map(std::unique_lock<std::mutex>& lock, std::uint64_t op_id, Result<BackendRegion> r) {
@@ -338,9 +346,9 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
     }
     std::shared_ptr<State> target;
     {
-      std::lock_guard lock(fabric_mutex);
-      auto it = fabric.find(op.key.instance);
-      if (it != fabric.end()) target = it->second.lock();
+      std::lock_guard lock(fabric().mutex);
+      auto it = fabric().backends.find(op.key.instance);
+      if (it != fabric().backends.end()) target = it->second.lock();
     }
     if (!target) return fail(errc::peer_unreachable, "peer is gone");
     std::lock_guard lock(target->mutex);
@@ -457,16 +465,16 @@ std::shared_ptr<TestBackend> TestBackend::create() {
 
 TestBackend::TestBackend() : state_(std::make_shared<State>()) {
   {
-    std::lock_guard lock(fabric_mutex);
-    fabric[state_->instance] = state_;
+    std::lock_guard lock(fabric().mutex);
+    fabric().backends[state_->instance] = state_;
   }
   thread_ = std::thread([state = state_] { state->io.run(); });
 }
 
 TestBackend::~TestBackend() {
   {
-    std::lock_guard lock(fabric_mutex);
-    fabric.erase(state_->instance);
+    std::lock_guard lock(fabric().mutex);
+    fabric().backends.erase(state_->instance);
   }
   asio::post(state_->io, [state = state_] {
     state->run_shutdown();

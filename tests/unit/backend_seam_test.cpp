@@ -111,6 +111,35 @@ TEST_F(BackendSeam, NeverCompletesInsideTheInitiatingCall) {
   EXPECT_FALSE(completed_early);
 }
 
+TEST_F(BackendSeam, CancellingAMapThatAlreadyMappedRollsItBack) {
+  backend->set_faults(corma::testing::TestBackendFaults{.map_delay = std::chrono::seconds(30)});
+  asio::cancellation_signal signal;
+  std::optional<Result<BackendRegion>> outcome;
+  backend->async_map(memory.data(), memory.size(), Access::local,
+                     asio::bind_cancellation_slot(signal.slot(), asio::bind_executor(io, [&](Result<BackendRegion> r) {
+                                                    outcome = std::move(r);
+                                                  })));
+  ASSERT_TRUE(backend->wait_for_live(1));  // registered, not yet answered
+  signal.emit(asio::cancellation_type::terminal);
+  io.run_for(std::chrono::seconds(10));
+  ASSERT_TRUE(outcome.has_value());
+  EXPECT_TRUE(outcome->error().is(errc::cancelled));
+  EXPECT_EQ(backend->live_registrations(), 0u);
+}
+
+TEST_F(BackendSeam, MapWhoseHandlerIsDestroyedUndeliveredIsRolledBack) {
+  {
+    asio::io_context never_run;
+    backend->async_map(memory.data(), memory.size(), Access::local,
+                       asio::bind_executor(never_run, [](Result<BackendRegion>) {
+                         ADD_FAILURE() << "the handler was not supposed to run";
+                       }));
+    ASSERT_TRUE(backend->wait_for_maps_handed_off(1));
+    EXPECT_EQ(backend->live_registrations(), 1u);
+  }  // destroying the io_context destroys the undelivered handler
+  EXPECT_TRUE(backend->wait_for_live(0));
+}
+
 // Two backends connected by offer / accept / complete, as two processes would be.
 struct Pair {
   std::shared_ptr<TestBackend> initiator = TestBackend::create();
@@ -200,6 +229,24 @@ TEST(BackendTransfers, BadRequestsAreRefusedBeforeTheProvider) {
     auto put = co_await pair.initiator->async_put(good, asio::use_awaitable);
     EXPECT_TRUE(put.error().is(errc::backend));
     EXPECT_TRUE(co_await get(good));
+  }());
+}
+
+TEST(BackendTransfers, InjectedFailureFailsTheTransfer) {
+  asio::io_context io;
+  Pair pair;
+  std::vector<std::byte> source(4096), destination(4096);
+  pair.initiator->set_faults(corma::testing::TestBackendFaults{.fail_transfers = true});
+  corma::testing::run(io, [&]() -> asio::awaitable<void> {
+    co_await pair.connect();
+    auto remote = (co_await pair.target->async_map(source.data(), source.size(), Access::remote_read,
+                                                   asio::use_awaitable)).value();
+    auto local = (co_await pair.initiator->async_map(destination.data(), destination.size(),
+                                                     Access::local, asio::use_awaitable)).value();
+    corma::GetRequest request{pair.peer, local.id, 0, remote.effective_addr, 64, remote.packed_key};
+    auto got = co_await pair.initiator->async_get(std::move(request), asio::use_awaitable);
+    EXPECT_TRUE(got.error().is(errc::backend));
+    EXPECT_EQ(pair.initiator->transfers_in_flight(), 0u);
   }());
 }
 
