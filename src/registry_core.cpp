@@ -46,14 +46,13 @@ void RegistryCore::start_registration(std::span<std::byte> memory, Access access
   if (auto valid = validate_range(memory.data(), memory.size()); !valid) {
     return refuse(std::move(valid).error());
   }
+  bool admitted = false;
   {
     std::lock_guard lock(mutex_);
-    if (closed_) {
-      // Unlocking happens before refuse() runs: it only posts.
-      return refuse(Error{errc::shutting_down, "registry is shutting down"});
-    }
-    ++admitted_;
+    admitted = !closed_;
+    if (admitted) ++admitted_;
   }
+  if (!admitted) return refuse(Error{errc::shutting_down, "registry is shutting down"});
   auto reservation = budget_->reserve(charge_for(memory.data(), memory.size()));
   if (!reservation) {
     refuse(std::move(reservation).error());
