@@ -1,0 +1,44 @@
+// The UCX backend's own wire records: packed keys and peer set-up blobs.
+// Everything from a peer is checked here, before any byte reaches UCX
+// (ucp_ep_rkey_unpack and ucp_ep_create take no length).
+#pragma once
+
+#include <corma/backend.hpp>
+#include <corma/error.hpp>
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace corma::ucx::wire {
+
+/// A packed key after validation: the registered range and UCX's rkey
+/// buffer, copied into zero-padded storage so that even a misparse by UCX
+/// stays inside memory we own.
+struct RemoteKey {
+  std::uint64_t addr = 0;
+  std::uint64_t len = 0;
+  std::vector<std::byte> rkey;  ///< rkey bytes followed by zero padding
+  std::size_t rkey_size = 0;    ///< the rkey's own length
+  std::uint64_t md_map = 0;
+};
+
+/// Wraps UCX's rkey buffer with the registered range and a checksum.
+[[nodiscard]] PackedKey encode_key(std::uint64_t addr, std::uint64_t len,
+                                   std::span<const std::byte> rkey);
+
+/// Refuses anything that is not exactly what encode_key produced with a
+/// well-formed UCX rkey whose memory domains are among `local_md_map`.
+[[nodiscard]] Result<RemoteKey> decode_key(const PackedKey& key, std::uint64_t local_md_map);
+
+/// Checks the structure of a UCX 1.13 packed rkey: md_map (8 bytes), memory
+/// type (1 byte, host), then one (size, bytes) record per md_map bit.
+[[nodiscard]] Result<std::uint64_t> check_rkey_structure(std::span<const std::byte> rkey);
+
+/// A worker address framed with its length.
+[[nodiscard]] std::vector<std::byte> encode_address(std::span<const std::byte> address);
+
+/// The worker address inside a blob, zero-padded for the same reason as keys.
+[[nodiscard]] Result<std::vector<std::byte>> decode_address(const std::vector<std::byte>& blob);
+
+}  // namespace corma::ucx::wire

@@ -1,0 +1,108 @@
+// The UCX (ucp) backend: every ucp call on one progress thread that owns the
+// context and a single-threaded worker. No UCX type appears here.
+#pragma once
+
+#include <corma/backend.hpp>
+#include <corma/error.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <thread>
+
+namespace corma::ucx {
+
+/// How the progress thread waits for work.
+enum class ProgressMode {
+  busy_poll,  ///< never sleeps: lowest latency, one core always busy
+  adaptive,   ///< spins for `spin_time` after the last activity, then sleeps on the worker's event fd
+  event,      ///< sleeps on the worker's event fd as soon as there is nothing to do
+};
+
+/// Which UCX transports the worker may use.
+enum class Transport {
+  tcp,            ///< UCX `tcp`: works across hosts; RMA is emulated in software
+  shared_memory,  ///< UCX `sm` (posix / sysv / cma): same host only
+};
+
+/// How endpoints react to a dead peer.
+enum class ErrorHandling {
+  /// UCP_ERR_HANDLING_MODE_PEER: a dead peer fails its operations at once.
+  /// UCX drops shared-memory lanes in this mode, so it needs `tcp`.
+  peer,
+  /// UCP_ERR_HANDLING_MODE_NONE: UCX does not notice a dead peer; the
+  /// per-operation deadline answers `timeout` and marks the peer broken.
+  none,
+};
+
+struct Config {
+  Transport transport = Transport::tcp;
+  ErrorHandling error_handling = ErrorHandling::peer;
+  ProgressMode progress = ProgressMode::adaptive;
+  /// adaptive: how long to keep spinning after the last activity.
+  std::chrono::microseconds spin_time{100};
+  /// Commands waiting for the progress thread; past it, new commands are
+  /// refused with `backend` ("command queue full") instead of queueing
+  /// without bound.
+  std::size_t command_queue_capacity = 65536;
+  /// Every transfer is answered `timeout` past this deadline, and its peer is
+  /// then treated as broken.
+  std::chrono::milliseconds operation_timeout{30000};
+  /// Shutdown waits this long for transfers in flight, then force-closes.
+  std::chrono::milliseconds shutdown_timeout{5000};
+  /// SECURITY. UCX over `tcp` emulates RMA in software and checks nothing: any
+  /// peer that can reach this worker can read (and, with put, write) ANY
+  /// address of this process with any key, registered or not. With
+  /// `trusted_peers = false` (the default) a `tcp` backend does not enable
+  /// RMA at all: maps with remote access and transfers answer
+  /// `not_configured`, and the rendezvous layer falls back to its
+  /// bounds-checked chunked path. Set it only when every peer that can reach
+  /// the worker is trusted with all of this process's memory. Shared memory
+  /// is reachable only from this host and bounded by the OS to processes of
+  /// the same user (who could read this memory anyway), so it does not need
+  /// this setting.
+  bool trusted_peers = false;
+  /// Testing aid: delay between registering a region and answering the map,
+  /// which opens the "mapped but not answered" window deterministically.
+  std::chrono::nanoseconds map_answer_delay{0};
+};
+
+class Backend final : public RdmaBackend {
+ public:
+  /// Starts the progress thread and creates the UCX context and worker.
+  /// Answers `not_configured` when the configuration cannot work (shared
+  /// memory with peer error handling) or UCX refuses to start.
+  [[nodiscard]] static Result<std::shared_ptr<Backend>> create(const Config& config);
+
+  ~Backend() override;
+
+  [[nodiscard]] std::string_view key() const noexcept override { return "ucx"; }
+  [[nodiscard]] std::optional<std::size_t> live_registrations() const override;
+
+  /// Transfers posted to UCX and not yet finished (answered or not).
+  [[nodiscard]] std::size_t transfers_in_flight() const;
+  /// Whether this backend exposes memory for RMA (see Config::trusted_peers).
+  [[nodiscard]] bool rma_enabled() const noexcept;
+  [[nodiscard]] const Config& config() const noexcept;
+
+  struct Engine;
+
+ protected:
+  void do_map(void* ptr, std::size_t len, Access access, Handler<BackendRegion> h) override;
+  void do_unmap(RegionId id, Handler<void> h) override;
+  void do_get(GetRequest request, Handler<void> h) override;
+  void do_put(PutRequest request, Handler<void> h) override;
+  void do_peer_offer(Handler<PeerOffer> h) override;
+  void do_peer_accept(std::vector<std::byte> offer, Handler<PeerAnswer> h) override;
+  void do_peer_complete(PeerId peer, std::vector<std::byte> answer, Handler<void> h) override;
+  void do_peer_close(PeerId peer, Handler<void> h) override;
+  void do_shutdown(Handler<void> h) override;
+
+ private:
+  explicit Backend(std::shared_ptr<Engine> engine);
+
+  std::shared_ptr<Engine> engine_;
+  std::thread thread_;
+};
+
+}  // namespace corma::ucx

@@ -1,0 +1,155 @@
+// The UCX backend beyond the shared contract: configuration, trust, wire
+// records, idle CPU.
+#include "support/run.hpp"
+
+#include <corma/ucx.hpp>
+
+#include "wire.hpp"
+
+#include <boost/asio/use_future.hpp>
+#include <gtest/gtest.h>
+
+#include <sys/resource.h>
+
+#include <random>
+#include <thread>
+
+namespace {
+
+namespace asio = boost::asio;
+using corma::Access;
+using corma::errc;
+namespace ucx = corma::ucx;
+namespace wire = corma::ucx::wire;
+
+std::shared_ptr<ucx::Backend> make(ucx::Config config) {
+  auto backend = ucx::Backend::create(config);
+  if (!backend) throw std::runtime_error(backend.error().message());
+  return std::move(backend).value();
+}
+
+TEST(UcxConfig, SharedMemoryWithPeerErrorHandlingIsRefused) {
+  auto backend = ucx::Backend::create({.transport = ucx::Transport::shared_memory,
+                                       .error_handling = ucx::ErrorHandling::peer});
+  ASSERT_FALSE(backend);
+  EXPECT_TRUE(backend.error().is(errc::not_configured)) << backend.error().message();
+}
+
+TEST(UcxTrust, TcpWithoutTrustedPeersExposesNothing) {
+  auto backend = make({.transport = ucx::Transport::tcp});
+  EXPECT_FALSE(backend->rma_enabled());
+  std::vector<std::byte> memory(4096);
+  auto exported = backend->async_map(memory.data(), memory.size(), Access::remote_read, asio::use_future).get();
+  ASSERT_FALSE(exported);
+  EXPECT_TRUE(exported.error().is(errc::not_configured)) << exported.error().message();
+  // Local registrations (a destination for the chunked path) still work.
+  auto local = backend->async_map(memory.data(), memory.size(), Access::local, asio::use_future).get();
+  ASSERT_TRUE(local) << local.error().message();
+  EXPECT_TRUE(local.value().packed_key.empty());
+  EXPECT_EQ(backend->live_registrations(), 1u);
+  EXPECT_TRUE(backend->async_unmap(local.value().id, asio::use_future).get());
+  EXPECT_EQ(backend->live_registrations(), 0u);
+}
+
+TEST(UcxTrust, SharedMemoryExposesWithoutTheSetting) {
+  auto backend = make({.transport = ucx::Transport::shared_memory, .error_handling = ucx::ErrorHandling::none});
+  EXPECT_TRUE(backend->rma_enabled());
+}
+
+TEST(UcxWire, KeysRoundTripAndEveryCorruptionIsRefused) {
+  const std::vector<std::byte> rkey = {std::byte{1}, {}, {}, {}, {}, {}, {}, {}, {}, {}};  // md 0, host, one empty record
+  const auto key = wire::encode_key(0x1000, 4096, rkey);
+  auto decoded = wire::decode_key(key, 1);
+  ASSERT_TRUE(decoded) << decoded.error().message();
+  EXPECT_EQ(decoded.value().addr, 0x1000u);
+  EXPECT_EQ(decoded.value().len, 4096u);
+  EXPECT_EQ(decoded.value().rkey_size, rkey.size());
+  EXPECT_GE(decoded.value().rkey.size(), rkey.size() + 4096) << "rkey copy must be padded";
+
+  for (std::size_t i = 0; i < key.size(); ++i) {
+    for (auto flip : {std::byte{0x01}, std::byte{0x80}}) {
+      auto bad = key;
+      bad[i] ^= flip;
+      auto r = wire::decode_key(bad, 1);
+      EXPECT_FALSE(r) << "flipping byte " << i << " went unnoticed";
+      if (!r) {
+        EXPECT_TRUE(r.error().is(errc::invalid_key));
+      }
+    }
+  }
+  EXPECT_FALSE(wire::decode_key({}, 1));
+  EXPECT_FALSE(wire::decode_key(corma::PackedKey(key.begin(), key.begin() + 20), 1));
+  EXPECT_FALSE(wire::decode_key(corma::PackedKey(corma::max_packed_key_size + 1), 1));
+  auto trailing = key;
+  trailing.push_back(std::byte{0});
+  EXPECT_FALSE(wire::decode_key(trailing, 1));
+  EXPECT_FALSE(wire::decode_key(key, 2)) << "a memory domain this worker lacks";
+
+  std::mt19937 rng(7);
+  for (int i = 0; i < 1000; ++i) {
+    corma::PackedKey noise(1 + rng() % 96);
+    for (auto& b : noise) b = static_cast<std::byte>(rng());
+    EXPECT_FALSE(wire::decode_key(noise, ~std::uint64_t{0}));
+  }
+}
+
+TEST(UcxWire, RkeyStructureMustBeExact) {
+  using B = std::byte;
+  EXPECT_TRUE(wire::check_rkey_structure(std::vector<B>{B{1}, {}, {}, {}, {}, {}, {}, {}, {}, {}}));
+  EXPECT_TRUE(wire::check_rkey_structure(std::vector<B>{B{3}, {}, {}, {}, {}, {}, {}, {}, {}, B{1}, B{9}, {}}));
+  EXPECT_FALSE(wire::check_rkey_structure(std::vector<B>{B{3}, {}, {}, {}, {}, {}, {}, {}, {}, B{1}, B{9}}));
+  EXPECT_FALSE(wire::check_rkey_structure(std::vector<B>{B{1}, {}, {}, {}, {}, {}, {}, {}, B{1}, {}}));
+  EXPECT_FALSE(wire::check_rkey_structure(std::vector<B>{{}, {}, {}, {}, {}, {}, {}, {}, {}}));
+}
+
+TEST(UcxWire, AddressBlobsAreFramed) {
+  const std::vector<std::byte> address(79, std::byte{0x42});
+  auto blob = wire::encode_address(address);
+  auto decoded = wire::decode_address(blob);
+  ASSERT_TRUE(decoded);
+  EXPECT_TRUE(std::equal(address.begin(), address.end(), decoded.value().begin()));
+  blob.pop_back();
+  EXPECT_TRUE(wire::decode_address(blob).error().is(errc::protocol));
+  EXPECT_TRUE(wire::decode_address({}).error().is(errc::protocol));
+  EXPECT_TRUE(wire::decode_address(std::vector<std::byte>(corma::max_peer_blob_size + 1)).error().is(errc::protocol));
+}
+
+TEST(UcxPeers, GarbageOffersAreRefused) {
+  auto backend = make({.transport = ucx::Transport::tcp});
+  auto answer = backend->async_peer_accept(std::vector<std::byte>(40, std::byte{7}), asio::use_future).get();
+  ASSERT_FALSE(answer);
+  EXPECT_TRUE(answer.error().is(errc::protocol));
+  auto done = backend->async_peer_complete(corma::PeerId{12345}, {}, asio::use_future).get();
+  EXPECT_TRUE(done.error().is(errc::peer_unreachable));
+}
+
+double idle_cpu_fraction(ucx::ProgressMode mode) {
+  auto backend = make({.transport = ucx::Transport::tcp, .progress = mode});
+  // One round trip, so the worker has been active and then falls idle.
+  std::vector<std::byte> memory(4096);
+  auto region = backend->async_map(memory.data(), memory.size(), Access::local, asio::use_future).get();
+  EXPECT_TRUE(region);
+  rusage before{}, after{};
+  ::getrusage(RUSAGE_SELF, &before);
+  const auto start = std::chrono::steady_clock::now();
+  // The measurement window itself, not a synchronisation.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  ::getrusage(RUSAGE_SELF, &after);
+  const auto wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  auto seconds = [](const rusage& r) {
+    return static_cast<double>(r.ru_utime.tv_sec + r.ru_stime.tv_sec) +
+           static_cast<double>(r.ru_utime.tv_usec + r.ru_stime.tv_usec) / 1e6;
+  };
+  return (seconds(after) - seconds(before)) / wall;
+}
+
+TEST(UcxIdleCpu, AdaptiveAndEventModesSleep) {
+  const double adaptive = idle_cpu_fraction(ucx::ProgressMode::adaptive);
+  const double event = idle_cpu_fraction(ucx::ProgressMode::event);
+  std::printf("idle progress thread: adaptive %.3f%% of a core, event %.3f%% of a core\n", adaptive * 100,
+              event * 100);
+  EXPECT_LT(adaptive, 0.01);
+  EXPECT_LT(event, 0.01);
+}
+
+}  // namespace
