@@ -123,6 +123,48 @@ TEST(UcxPeers, GarbageOffersAreRefused) {
   EXPECT_TRUE(done.error().is(errc::peer_unreachable));
 }
 
+class UcxRoundTrip : public ::testing::TestWithParam<ucx::Config> {};
+
+TEST_P(UcxRoundTrip, GetAndPutBetweenTwoWorkers) {
+  auto initiator = make(GetParam());
+  auto target = make(GetParam());
+  auto offer = initiator->async_peer_offer(asio::use_future).get().value();
+  auto answer = target->async_peer_accept(offer.blob, asio::use_future).get();
+  ASSERT_TRUE(answer) << answer.error().message();
+  ASSERT_TRUE(initiator->async_peer_complete(offer.peer, answer.value().blob, asio::use_future).get());
+
+  const std::size_t size = 1 << 20;
+  std::vector<std::byte> source(size), destination(size);
+  for (std::size_t i = 0; i < size; ++i) source[i] = static_cast<std::byte>(i * 7 + 3);
+  auto remote = target->async_map(source.data(), size, Access::remote_read_write, asio::use_future).get();
+  ASSERT_TRUE(remote) << remote.error().message();
+  auto local = initiator->async_map(destination.data(), size, Access::local, asio::use_future).get().value();
+
+  corma::GetRequest get{offer.peer, local.id, 0, remote.value().effective_addr, size, remote.value().packed_key};
+  auto got = initiator->async_get(get, asio::use_future).get();
+  ASSERT_TRUE(got) << got.error().message();
+  EXPECT_EQ(source, destination);
+
+  destination[10] = std::byte{0xEE};
+  corma::PutRequest put{offer.peer, local.id, 10, remote.value().effective_addr + 99, 1, remote.value().packed_key};
+  auto put_done = initiator->async_put(put, asio::use_future).get();
+  ASSERT_TRUE(put_done) << put_done.error().message();
+  EXPECT_EQ(source[99], std::byte{0xEE});
+  EXPECT_EQ(initiator->transfers_in_flight(), 0u);
+
+  EXPECT_TRUE(initiator->async_shutdown(asio::use_future).get());
+  EXPECT_TRUE(target->async_shutdown(asio::use_future).get());
+  EXPECT_EQ(initiator->live_registrations(), 0u);
+  EXPECT_EQ(target->live_registrations(), 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Transports, UcxRoundTrip,
+    ::testing::Values(ucx::Config{.transport = ucx::Transport::tcp, .trusted_peers = true},
+                      ucx::Config{.transport = ucx::Transport::shared_memory,
+                                  .error_handling = ucx::ErrorHandling::none}),
+    [](const auto& param_info) { return param_info.param.transport == ucx::Transport::tcp ? "tcp" : "shm"; });
+
 double idle_cpu_fraction(ucx::ProgressMode mode) {
   auto backend = make({.transport = ucx::Transport::tcp, .progress = mode});
   // One round trip, so the worker has been active and then falls idle.
