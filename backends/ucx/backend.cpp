@@ -56,6 +56,11 @@ std::optional<std::size_t> Backend::live_registrations() const {
 
 std::size_t Backend::transfers_in_flight() const { return engine_->in_flight.load(std::memory_order_acquire); }
 bool Backend::rma_enabled() const noexcept { return engine_->rma; }
+std::size_t Backend::maps_answered() const { return engine_->maps_answered.load(std::memory_order_acquire); }
+
+void Backend::set_map_answer_delay(std::chrono::nanoseconds delay) {
+  engine_->map_answer_delay_ns.store(delay.count(), std::memory_order_release);
+}
 const Config& Backend::config() const noexcept { return engine_->config; }
 
 namespace {

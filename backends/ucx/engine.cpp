@@ -26,7 +26,9 @@ const Error shut_down_error{errc::shutting_down, "UCX backend is shutting down"}
 }  // namespace
 
 Backend::Engine::Engine(const Config& c)
-    : config(c), rma(c.trusted_peers || c.transport == Transport::shared_memory) {}
+    : config(c),
+      rma(c.trusted_peers || c.transport == Transport::shared_memory),
+      map_answer_delay_ns(std::chrono::duration_cast<std::chrono::nanoseconds>(c.map_answer_delay).count()) {}
 
 Result<void> Backend::Engine::start() {
   ucp_config_t* ucp_config = nullptr;
@@ -217,10 +219,11 @@ void Backend::Engine::run_map(const std::shared_ptr<MapOp>& op) {
   live.fetch_add(1, std::memory_order_acq_rel);
   op->mapped = id;
   op->result = BackendRegion{id, reinterpret_cast<std::uint64_t>(attr.address), attr.length, std::move(key)};
-  if (config.map_answer_delay.count() > 0) {
+  if (const std::chrono::nanoseconds delay{map_answer_delay_ns.load(std::memory_order_acquire)};
+      delay.count() > 0) {
     op->id = next_id++;
     delayed_maps.emplace(op->id, op);
-    op->timer = std::make_unique<asio::steady_timer>(io, config.map_answer_delay);
+    op->timer = std::make_unique<asio::steady_timer>(io, delay);
     op->timer->async_wait([self = shared_from_this(), op](boost::system::error_code ec) {
       if (!ec) self->deliver_map(op);
     });
@@ -246,6 +249,7 @@ void Backend::Engine::deliver_map(const std::shared_ptr<MapOp>& op) {
         }
       },
       std::move(op->result));
+  maps_answered.fetch_add(1, std::memory_order_acq_rel);
 }
 
 void Backend::Engine::cancel_map(const std::shared_ptr<MapOp>& op) {

@@ -143,6 +143,8 @@ struct Backend::Engine : std::enable_shared_from_this<Engine> {
   std::uint64_t local_md_map = 0;
   std::vector<std::byte> own_address;
 
+  std::atomic<std::int64_t> map_answer_delay_ns{0};
+  std::atomic<std::size_t> maps_answered{0};
   std::atomic<std::size_t> live{0};
   std::atomic<std::size_t> in_flight{0};
   std::atomic<std::size_t> queued{0};

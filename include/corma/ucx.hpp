@@ -81,6 +81,10 @@ class Backend final : public RdmaBackend {
 
   /// Transfers posted to UCX and not yet finished (answered or not).
   [[nodiscard]] std::size_t transfers_in_flight() const;
+  /// Map results handed to their handlers' executors so far.
+  [[nodiscard]] std::size_t maps_answered() const;
+  /// Testing aid: changes Config::map_answer_delay for maps that start later.
+  void set_map_answer_delay(std::chrono::nanoseconds delay);
   /// Whether this backend exposes memory for RMA (see Config::trusted_peers).
   [[nodiscard]] bool rma_enabled() const noexcept;
   [[nodiscard]] const Config& config() const noexcept;
