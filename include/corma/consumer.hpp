@@ -1,0 +1,80 @@
+// Consumer: the embeddable side of the rendezvous that fetches objects from
+// an Owner, over RDMA into its own registered memory when it can, and in
+// chunks when it cannot.
+#pragma once
+
+#include <corma/error.hpp>
+#include <corma/owned_buffer.hpp>
+#include <corma/registry.hpp>
+#include <corma/rendezvous.hpp>
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/ip/tcp.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace corma {
+
+struct ConsumerConfig {
+  /// Deadline for every request to the owner.
+  std::chrono::milliseconds io_timeout{10000};
+  /// Offer RDMA to the owner when a registry (and so a backend) is given.
+  bool use_rdma = true;
+  /// Called on the consumer's executor as bytes arrive (after each chunk,
+  /// and once when an RDMA transfer completes).
+  std::function<void(std::uint64_t done, std::uint64_t total)> on_progress;
+};
+
+/// A fetched object: the bytes (in the consumer's own buffer), how they came,
+/// and why when it was not RDMA.
+struct Fetched {
+  OwnedBuffer data;
+  std::uint64_t size = 0;
+  Path path = Path::chunked;
+  std::string reason;       ///< the owner's chunked reason, or the RDMA failure that caused the fallback
+  bool fell_back = false;   ///< RDMA was granted but failed; the chunked path finished the job
+};
+
+struct ConsumerStats {
+  PathCounters decisions;
+  std::uint64_t fallbacks = 0;
+  std::uint64_t renewals = 0;
+};
+
+/// One control connection to an owner. Fetches may be started concurrently
+/// from several coroutines; they take turns on the connection (an RDMA
+/// transfer holds its turn, so use several consumers for parallel transfers).
+/// Runs on one executor, like Owner.
+class Consumer {
+ public:
+  /// Connects and says hello; with a registry, offers RDMA through its backend.
+  static boost::asio::awaitable<Result<std::unique_ptr<Consumer>>> connect(
+      boost::asio::any_io_executor executor, boost::asio::ip::tcp::endpoint owner,
+      std::shared_ptr<Registry> registry, ConsumerConfig config = {});
+
+  Consumer(const Consumer&) = delete;
+  Consumer& operator=(const Consumer&) = delete;
+  ~Consumer();
+
+  /// Fetches `name`. Tries RDMA when the owner grants it and falls back to
+  /// the chunked path exactly once on any failure of that path; the lease is
+  /// released in every outcome.
+  boost::asio::awaitable<Result<Fetched>> async_fetch(std::string name);
+
+  /// Whether the owner accepted this consumer's RDMA offer.
+  [[nodiscard]] bool rdma_ready() const noexcept;
+  [[nodiscard]] ConsumerStats stats() const;
+
+  struct State;
+
+ private:
+  explicit Consumer(std::shared_ptr<State> state);
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace corma

@@ -1,0 +1,91 @@
+// Owner: the embeddable side of the rendezvous that publishes byte ranges
+// and lends them out, over RDMA when it can and in chunks when it cannot.
+#pragma once
+
+#include <corma/error.hpp>
+#include <corma/registry.hpp>
+#include <corma/rendezvous.hpp>
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/ip/tcp.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace corma {
+
+/// A published byte range. `keepalive` (may be empty) holds whatever owns
+/// the bytes (a mapping, a buffer) for as long as a lease or an export uses them.
+struct PublishedObject {
+  std::span<const std::byte> bytes;
+  std::shared_ptr<const void> keepalive;
+};
+
+/// Finds objects the owner did not publish up front (corma serve maps files
+/// on demand). Answer `region_not_found` for unknown names.
+using ObjectResolver = std::function<Result<PublishedObject>(std::string_view name)>;
+
+struct OwnerConfig {
+  /// Objects smaller than this are always served in chunks.
+  std::uint64_t rdma_threshold = 64 * 1024;
+  /// Largest pull the owner answers (and suggests).
+  std::uint32_t chunk_size = 1 << 20;
+  /// A lease lapses this long after its last acquire, renew or pull.
+  std::chrono::milliseconds lease_timeout{10000};
+  /// How often abandoned leases are looked for.
+  std::chrono::milliseconds reap_interval{250};
+  /// A connection silent this long is closed.
+  std::chrono::milliseconds idle_timeout{60000};
+  /// Deadline for reading the rest of a frame and for every write.
+  std::chrono::milliseconds io_timeout{10000};
+  /// Leases one connection may hold at once.
+  std::size_t max_leases_per_connection = 64;
+};
+
+struct OwnerStats {
+  PathCounters decisions;
+  std::uint64_t not_found = 0;
+  std::uint64_t pulls = 0;
+  std::uint64_t pulled_bytes = 0;
+  std::uint64_t refused_requests = 0;  ///< forged leases, out-of-range pulls, malformed frames
+  std::uint64_t leases_expired = 0;
+  std::uint64_t leases_released = 0;
+  std::uint64_t live_leases = 0;
+  std::uint64_t connections = 0;
+};
+
+/// Runs on one executor (give it a single-threaded io_context or a strand):
+/// its coroutines share state without locks.
+class Owner {
+ public:
+  /// `registry` may be null: everything is then served in chunks.
+  Owner(boost::asio::any_io_executor executor, std::shared_ptr<Registry> registry, OwnerConfig config = {});
+  Owner(const Owner&) = delete;
+  Owner& operator=(const Owner&) = delete;
+  ~Owner();
+
+  void publish(std::string name, PublishedObject object);
+  void set_resolver(ObjectResolver resolver);
+
+  /// Accepts and serves connections until stop(); each connection is its own coroutine.
+  boost::asio::awaitable<void> serve(boost::asio::ip::tcp::acceptor& acceptor);
+
+  /// Drains: new acquires are answered `chunked` (draining), connections are
+  /// closed, leases dropped (their registrations are released in the background).
+  void stop();
+
+  [[nodiscard]] OwnerStats stats() const;
+
+  struct State;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace corma

@@ -1,0 +1,32 @@
+// The `corma` subcommands; each returns the process exit status.
+#pragma once
+
+#include "transport_options.hpp"
+
+#include <cstdint>
+#include <string>
+
+namespace corma::cli {
+
+struct ServeOptions {
+  std::string root;
+  std::string listen = "127.0.0.1:7300";
+  std::string budget = "1G";
+  std::string metrics;  ///< empty: no metrics endpoint
+  TransportOptions transport;
+};
+
+struct GetOptions {
+  std::string owner;
+  std::string path;
+  std::string output;
+  std::string budget = "4G";
+  bool no_rdma = false;
+  TransportOptions transport;
+};
+
+int run_serve(const ServeOptions& options);
+int run_get(const GetOptions& options);
+int run_demo();
+
+}  // namespace corma::cli

@@ -1,0 +1,91 @@
+// corma get: fetch one object from a corma serve and write it to a file.
+#include "address.hpp"
+#include "commands.hpp"
+#include "sizes.hpp"
+
+#include <corma/consumer.hpp>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <optional>
+
+namespace corma::cli {
+
+namespace asio = boost::asio;
+
+namespace {
+
+void draw_progress(std::uint64_t done, std::uint64_t total) {
+  constexpr int width = 40;
+  const int filled = total == 0 ? width : static_cast<int>(width * done / total);
+  std::fprintf(stdout, "\r[%.*s%*s] %s / %s", filled, "########################################", width - filled, "",
+               format_size(done).c_str(), format_size(total).c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int run_get(const GetOptions& options) {
+  auto owner = parse_endpoint(options.owner);
+  auto budget = parse_size(options.budget);
+  if (!owner || !budget) {
+    std::fprintf(stderr, "corma get: %s\n", (owner ? budget.error() : owner.error()).message().c_str());
+    return 2;
+  }
+  std::shared_ptr<Registry> registry;
+  if (!options.no_rdma) {
+    auto backend = make_backend(options.transport);
+    if (!backend) {
+      std::fprintf(stderr, "corma get: %s\n", backend.error().message().c_str());
+      return 1;
+    }
+    registry = std::make_shared<Registry>(backend.value(), RegistryConfig{budget.value(), 0});
+  }
+
+  asio::io_context io(1);
+  ConsumerConfig config;
+  const bool terminal = ::isatty(STDOUT_FILENO) != 0;
+  constexpr std::uint64_t progress_from = 16 << 20;
+  if (terminal) {
+    config.on_progress = [](std::uint64_t done, std::uint64_t total) {
+      if (total >= progress_from) draw_progress(done, total);
+    };
+  }
+  const auto start = std::chrono::steady_clock::now();
+  auto fetch = [&]() -> asio::awaitable<Result<Fetched>> {
+    CORMA_CO_TRY(auto consumer, co_await Consumer::connect(io.get_executor(), owner.value(), registry, config));
+    co_return co_await consumer->async_fetch(options.path);
+  };
+  std::optional<Result<Fetched>> outcome;
+  asio::co_spawn(io, [&]() -> asio::awaitable<void> { outcome.emplace(co_await fetch()); }, asio::detached);
+  io.run();
+  auto fetched = outcome ? std::move(*outcome) : Result<Fetched>(fail(errc::backend, "fetch did not finish"));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (terminal) std::printf("\n");
+  if (!fetched) {
+    std::fprintf(stderr, "corma get: %s: %s\n", options.path.c_str(), fetched.error().message().c_str());
+    return 1;
+  }
+  std::ofstream out(options.output, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(fetched.value().data.data()),
+            static_cast<std::streamsize>(fetched.value().size));
+  out.close();
+  if (!out) {
+    std::fprintf(stderr, "corma get: cannot write %s\n", options.output.c_str());
+    return 1;
+  }
+  const auto& f = fetched.value();
+  std::printf("corma get: %s -> %s: %s via %s%s%s, %.1f MB/s\n", options.path.c_str(), options.output.c_str(),
+              format_size(f.size).c_str(), to_string(f.path), f.reason.empty() ? "" : " (",
+              f.reason.empty() ? "" : (f.reason + ")").c_str(), static_cast<double>(f.size) / seconds / 1e6);
+  return 0;
+}
+
+}  // namespace corma::cli

@@ -1,0 +1,44 @@
+// corma: serve files over the rendezvous, fetch them, or run the demo.
+#include "commands.hpp"
+
+#include <CLI/CLI.hpp>
+
+int main(int argc, char** argv) {
+  using namespace corma::cli;
+  CLI::App app{"corma: asynchronous RDMA memory registration and remote memory access"};
+  app.require_subcommand(1);
+
+  ServeOptions serve;
+  auto* serve_cmd = app.add_subcommand("serve", "serve the files under a directory, read-only");
+  serve_cmd->add_option("--root", serve.root, "directory whose files are served by relative path")->required();
+  serve_cmd->add_option("--listen", serve.listen, "HOST:PORT to listen on")->capture_default_str();
+  serve_cmd->add_option("--budget", serve.budget, "registration budget (e.g. 512M, 2G)")->capture_default_str();
+  serve_cmd->add_option("--transport", serve.transport.transport, "tcp or shm")
+      ->check(CLI::IsMember({"tcp", "shm"}))
+      ->capture_default_str();
+  serve_cmd->add_flag("--trusted-peers", serve.transport.trusted_peers,
+                      "expose memory for RDMA over tcp. RISK: UCX emulates RDMA over tcp in software and checks "
+                      "nothing, so ANY peer that can reach this process can then read and write ALL of its memory");
+  serve_cmd->add_option("--metrics", serve.metrics, "HOST:PORT for Prometheus text metrics at /metrics");
+
+  GetOptions get;
+  auto* get_cmd = app.add_subcommand("get", "fetch one file from a corma serve");
+  get_cmd->add_option("owner", get.owner, "HOST:PORT of the server")->required();
+  get_cmd->add_option("path", get.path, "relative path of the file on the server")->required();
+  get_cmd->add_option("-o,--output", get.output, "file to write")->required();
+  get_cmd->add_option("--budget", get.budget, "registration budget for the destination")->capture_default_str();
+  get_cmd->add_option("--transport", get.transport.transport, "tcp or shm")
+      ->check(CLI::IsMember({"tcp", "shm"}))
+      ->capture_default_str();
+  get_cmd->add_flag("--trusted-peers", get.transport.trusted_peers,
+                    "allow RDMA over tcp (same RISK as for serve: the server could read this process's memory)");
+  get_cmd->add_flag("--no-rdma", get.no_rdma, "use the chunked path only");
+
+  auto* demo_cmd = app.add_subcommand("demo", "run an owner and consumers in one process and fetch a data set");
+
+  CLI11_PARSE(app, argc, argv);
+  if (*serve_cmd) return run_serve(serve);
+  if (*get_cmd) return run_get(get);
+  if (*demo_cmd) return run_demo();
+  return 2;
+}

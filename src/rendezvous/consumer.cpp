@@ -1,0 +1,231 @@
+#include <corma/consumer.hpp>
+
+#include "framed_connection.hpp"
+
+#include <corma/descriptor.hpp>
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
+#include <boost/asio/experimental/channel.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <algorithm>
+#include <cstring>
+
+namespace corma {
+
+namespace asio = boost::asio;
+using namespace rendezvous;
+using namespace asio::experimental::awaitable_operators;
+
+namespace {
+
+constexpr auto as_result = asio::as_tuple(asio::use_awaitable);
+/// Pull size on the fallback path, where the owner named no chunk size.
+constexpr std::uint32_t fallback_chunk = 256 * 1024;
+
+Error from_reply(const ErrorReply& reply) {
+  return Error{std::error_code(reply.code, error_category()), "owner: " + reply.detail};
+}
+
+}  // namespace
+
+struct Consumer::State {
+  asio::any_io_executor executor;
+  std::shared_ptr<Registry> registry;
+  ConsumerConfig config;
+  std::unique_ptr<FramedConnection> connection;
+  std::optional<PeerId> peer;
+  std::uint64_t next_request = 1;
+  // One token: whoever holds it talks on the connection.
+  asio::experimental::channel<void(boost::system::error_code)> turn;
+  ConsumerStats stats;
+
+  State(asio::any_io_executor ex, std::shared_ptr<Registry> r, ConsumerConfig c)
+      : executor(ex), registry(std::move(r)), config(c), turn(ex, 1) {
+    turn.try_send(boost::system::error_code{});
+  }
+
+  /// Sends one request and waits for the answer with the same id.
+  asio::awaitable<Result<Message>> request(Message message) {
+    if (!connection || !connection->is_open()) co_return fail(errc::peer_unreachable, "connection to the owner is closed");
+    const std::uint64_t id = next_request++;
+    Frame frame{id, std::move(message)};
+    CORMA_CO_TRY(co_await connection->write(frame, config.io_timeout));
+    for (int stale = 0; stale < 16; ++stale) {
+      auto reply = co_await connection->read(config.io_timeout);
+      if (!reply) co_return std::move(reply).error();
+      if (reply.value().request_id != id) continue;  // an answer nobody waits for any more
+      if (auto* error = std::get_if<ErrorReply>(&reply.value().message)) co_return from_reply(*error);
+      co_return std::move(reply.value().message);
+    }
+    co_return fail(errc::protocol, "owner keeps answering other requests");
+  }
+
+  asio::awaitable<Result<void>> pull_all(std::uint64_t lease, std::uint64_t size, std::uint32_t chunk,
+                                         std::span<std::byte> into) {
+    for (std::uint64_t offset = 0; offset < size;) {
+      const auto len = static_cast<std::uint32_t>(std::min<std::uint64_t>(chunk, size - offset));
+      Pull pull{lease, offset, len};
+      CORMA_CO_TRY(auto reply, co_await request(pull));
+      auto* data = std::get_if<Data>(&reply);
+      if (data == nullptr || data->offset != offset || data->bytes.size() != len) {
+        co_return fail(errc::protocol, "owner answered a pull with the wrong bytes");
+      }
+      std::memcpy(into.data() + offset, data->bytes.data(), len);
+      offset += len;
+      if (config.on_progress) config.on_progress(offset, size);
+    }
+    co_return success();
+  }
+
+  asio::awaitable<void> release(std::uint64_t lease) {
+    Release message{lease};
+    co_await request(message);
+  }
+
+  /// Keeps a lease alive while an RDMA transfer runs, until `done`.
+  asio::awaitable<void> renew_until(std::uint64_t lease, std::chrono::milliseconds interval, const bool& done,
+                                    asio::steady_timer& timer) {
+    while (!done) {
+      timer.expires_after(interval);
+      co_await timer.async_wait(as_result);
+      if (done) break;
+      Renew renew{lease};
+      if (!co_await request(renew)) break;
+      ++stats.renewals;
+    }
+  }
+
+  asio::awaitable<Result<void>> rdma_get(const RdmaGrant& grant, std::span<std::byte> into) {
+    CORMA_CO_TRY(auto descriptor, decode_descriptor(grant.descriptor));
+    if (descriptor.len != grant.size) co_return fail(errc::protocol, "descriptor length differs from the object size");
+    CORMA_CO_TRY(auto guard, co_await registry->async_register(into, Access::local, asio::use_awaitable));
+    const auto remote = to_remote_region(descriptor);
+    bool done = false;
+    asio::steady_timer renew_timer(executor);
+    const auto interval = std::max(std::chrono::milliseconds(10), std::chrono::milliseconds(grant.lease_timeout_ms / 3));
+    auto get_then_stop = [&]() -> asio::awaitable<Result<void>> {
+      auto got = co_await guard.async_get(*peer, remote, TransferRange{0, 0, grant.size}, asio::use_awaitable);
+      done = true;
+      renew_timer.cancel();
+      co_return got;
+    };
+    auto got = co_await (get_then_stop() && renew_until(grant.lease, interval, done, renew_timer));
+    // The destination is ours again only once the registration is gone
+    // (the get cannot be writing into it any more).
+    co_await guard.async_deregister(asio::use_awaitable);
+    co_return got;
+  }
+
+  asio::awaitable<Result<Fetched>> fetch(std::string name) {
+    Acquire acquire{name, peer.has_value()};
+    CORMA_CO_TRY(auto reply, co_await request(std::move(acquire)));
+    if (std::holds_alternative<NotFound>(reply)) {
+      co_return fail(errc::region_not_found, "owner has no object named '" + name + "'");
+    }
+    Fetched fetched;
+    std::uint64_t lease = 0;
+    std::uint32_t chunk = fallback_chunk;
+    if (auto* chunked = std::get_if<Chunked>(&reply)) {
+      lease = chunked->lease;
+      fetched.size = chunked->size;
+      fetched.reason = to_string(chunked->reason);
+      chunk = chunked->chunk_size;
+    } else if (auto* grant = std::get_if<RdmaGrant>(&reply)) {
+      lease = grant->lease;
+      fetched.size = grant->size;
+    } else {
+      co_return fail(errc::protocol, "owner answered an acquire with something else");
+    }
+    fetched.data = OwnedBuffer::allocate(std::max<std::uint64_t>(fetched.size, 1));
+    const auto into = fetched.data.bytes().first(fetched.size);
+
+    if (auto* grant = std::get_if<RdmaGrant>(&reply)) {
+      auto got = co_await rdma_get(*grant, into);
+      if (got) {
+        if (config.on_progress) config.on_progress(fetched.size, fetched.size);
+        fetched.path = Path::rdma;
+        ++stats.decisions.rdma;
+        co_await release(lease);
+        co_return fetched;
+      }
+      // Exactly one fallback: the chunked path on the same lease.
+      fetched.fell_back = true;
+      fetched.reason = "rdma failed: " + got.error().message();
+      ++stats.fallbacks;
+    }
+    auto pulled = co_await pull_all(lease, fetched.size, chunk, into);
+    co_await release(lease);
+    if (!pulled) co_return std::move(pulled).error();
+    fetched.path = Path::chunked;
+    ++stats.decisions.chunked_by_reason[fetched.fell_back ? "rdma_failed" : fetched.reason];
+    co_return fetched;
+  }
+
+  asio::awaitable<Result<void>> hello() {
+    Hello hello;
+    std::optional<PeerId> pending;
+    if (registry && config.use_rdma) {
+      const auto kind = backend_kind(registry->backend()->key());
+      auto offer = co_await registry->backend()->async_peer_offer(asio::use_awaitable);
+      if (kind && offer) {
+        hello.backend = kind;
+        hello.peer_offer = std::move(offer.value().blob);
+        pending = offer.value().peer;
+      }
+    }
+    const auto offered = hello.backend;
+    CORMA_CO_TRY(auto reply, co_await request(std::move(hello)));
+    auto* ok = std::get_if<HelloOk>(&reply);
+    if (ok == nullptr) co_return fail(errc::protocol, "owner did not answer hello");
+    if (pending && ok->backend == offered && !ok->peer_answer.empty()) {
+      auto completed = co_await registry->backend()->async_peer_complete(*pending, std::move(ok->peer_answer),
+                                                                        asio::use_awaitable);
+      if (completed) peer = pending;
+    }
+    co_return success();
+  }
+};
+
+asio::awaitable<Result<std::unique_ptr<Consumer>>> Consumer::connect(asio::any_io_executor executor,
+                                                                     asio::ip::tcp::endpoint owner,
+                                                                     std::shared_ptr<Registry> registry,
+                                                                     ConsumerConfig config) {
+  auto state = std::make_shared<State>(executor, std::move(registry), config);
+  asio::ip::tcp::socket socket(executor);
+  asio::steady_timer timer(executor, config.io_timeout);
+  auto connected = co_await (socket.async_connect(owner, as_result) || timer.async_wait(as_result));
+  if (connected.index() == 1) co_return fail(errc::timeout, "connecting to the owner timed out");
+  if (auto [ec] = std::get<0>(connected); ec) {
+    co_return fail(errc::peer_unreachable, "cannot connect to the owner: " + ec.message());
+  }
+  state->connection = std::make_unique<FramedConnection>(std::move(socket), default_max_frame_body);
+  CORMA_CO_TRY(co_await state->hello());
+  co_return std::unique_ptr<Consumer>(new Consumer(std::move(state)));
+}
+
+Consumer::Consumer(std::shared_ptr<State> state) : state_(std::move(state)) {}
+
+Consumer::~Consumer() {
+  if (state_->connection) state_->connection->close();
+  if (state_->peer && state_->registry) {
+    state_->registry->backend()->async_peer_close(*state_->peer, [](Result<void>) {});
+  }
+}
+
+asio::awaitable<Result<Fetched>> Consumer::async_fetch(std::string name) {
+  auto state = state_;
+  co_await state->turn.async_receive(as_result);
+  struct GiveBack {
+    State& s;
+    ~GiveBack() { s.turn.try_send(boost::system::error_code{}); }
+  } give_back{*state};
+  co_return co_await state->fetch(std::move(name));
+}
+
+bool Consumer::rdma_ready() const noexcept { return state_->peer.has_value(); }
+ConsumerStats Consumer::stats() const { return state_->stats; }
+
+}  // namespace corma

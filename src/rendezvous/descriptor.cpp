@@ -1,0 +1,108 @@
+#include <corma/descriptor.hpp>
+
+#include "wire_io.hpp"
+
+#include <string>
+
+namespace corma {
+namespace {
+
+using rendezvous::wire::Reader;
+using rendezvous::wire::Writer;
+
+std::optional<BackendKind> kind_from_wire(std::uint8_t value) noexcept {
+  switch (value) {
+    case static_cast<std::uint8_t>(BackendKind::ucx): return BackendKind::ucx;
+    case static_cast<std::uint8_t>(BackendKind::verbs): return BackendKind::verbs;
+    case static_cast<std::uint8_t>(BackendKind::test): return BackendKind::test;
+    default: return std::nullopt;
+  }
+}
+
+Result<void> check_key_size(std::size_t size) {
+  if (size == 0) return fail(errc::invalid_key, "empty packed key");
+  if (size > max_packed_key_size) {
+    return fail(errc::invalid_key, "packed key of " + std::to_string(size) + " bytes exceeds " +
+                                       std::to_string(max_packed_key_size));
+  }
+  return success();
+}
+
+}  // namespace
+
+std::optional<BackendKind> backend_kind(std::string_view key) noexcept {
+  if (key == "ucx") return BackendKind::ucx;
+  if (key == "verbs") return BackendKind::verbs;
+  if (key == "test") return BackendKind::test;
+  return std::nullopt;
+}
+
+std::string_view backend_key(BackendKind kind) noexcept {
+  switch (kind) {
+    case BackendKind::ucx: return "ucx";
+    case BackendKind::verbs: return "verbs";
+    case BackendKind::test: return "test";
+  }
+  return {};
+}
+
+std::vector<std::byte> encode(const Descriptor& descriptor) {
+  Writer out(Descriptor::header_size + descriptor.packed_key.size());
+  out.u8(Descriptor::descriptor_version);
+  out.u8(static_cast<std::uint8_t>(descriptor.backend));
+  out.u16(0);  // flags
+  out.u64(descriptor.generation);
+  out.u64(descriptor.addr);
+  out.u64(descriptor.len);
+  out.u32(rendezvous::wire::checked_length<std::uint32_t>(descriptor.packed_key.size(), "packed key"));
+  out.bytes(descriptor.packed_key);
+  return std::move(out).take();
+}
+
+Result<Descriptor> decode_descriptor(std::span<const std::byte> bytes) {
+  Reader in(bytes);
+  Descriptor d;
+
+  CORMA_TRY(auto version, in.u8("descriptor version"));
+  if (version != Descriptor::descriptor_version) {
+    return fail(errc::protocol, "unknown descriptor version " + std::to_string(version));
+  }
+  CORMA_TRY(auto backend, in.u8("descriptor backend"));
+  auto kind = kind_from_wire(backend);
+  if (!kind) return fail(errc::protocol, "unknown descriptor backend " + std::to_string(backend));
+  d.backend = *kind;
+  CORMA_TRY(auto flags, in.u16("descriptor flags"));
+  if (flags != 0) return fail(errc::protocol, "reserved descriptor flags " + std::to_string(flags) + " set");
+  CORMA_TRY(d.generation, in.u64("descriptor generation"));
+  CORMA_TRY(d.addr, in.u64("descriptor address"));
+  CORMA_TRY(d.len, in.u64("descriptor length"));
+  if (d.len == 0) return fail(errc::protocol, "descriptor of zero length");
+  CORMA_TRY(auto key_len, in.u32("descriptor packed-key length"));
+  CORMA_TRY(check_key_size(key_len));
+  if (key_len != in.remaining()) {
+    return fail(errc::protocol, "descriptor packed-key length " + std::to_string(key_len) +
+                                    " disagrees with the " + std::to_string(in.remaining()) +
+                                    " bytes that follow");
+  }
+  CORMA_TRY(d.packed_key, in.byte_vector(key_len, "descriptor packed key"));
+  CORMA_TRY(in.expect_end("the descriptor"));
+  return d;
+}
+
+Result<Descriptor> describe(const RemoteRegion& region) {
+  auto kind = backend_kind(region.backend);
+  if (!kind) {
+    return fail(errc::not_configured, "backend '" + region.backend + "' has no wire identifier");
+  }
+  // Refuse here what every consumer would refuse on the wire.
+  if (region.len == 0) return fail(errc::out_of_range, "region of zero length");
+  CORMA_TRY(check_key_size(region.packed_key.size()));
+  return Descriptor{*kind, region.generation, region.addr, region.len, region.packed_key};
+}
+
+RemoteRegion to_remote_region(const Descriptor& descriptor) {
+  return RemoteRegion{std::string(backend_key(descriptor.backend)), descriptor.generation,
+                      descriptor.addr, descriptor.len, descriptor.packed_key};
+}
+
+}  // namespace corma

@@ -1,0 +1,89 @@
+#include "framed_connection.hpp"
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+
+#include <array>
+
+namespace corma::rendezvous {
+
+using namespace asio::experimental::awaitable_operators;
+
+namespace {
+
+constexpr auto as_result = asio::as_tuple(asio::use_awaitable);
+
+Error connection_error(const boost::system::error_code& ec, const char* what) {
+  if (ec == asio::error::eof || ec == asio::error::connection_reset || ec == asio::error::broken_pipe) {
+    return Error{errc::peer_unreachable, std::string(what) + ": connection closed by peer"};
+  }
+  return Error{errc::peer_unreachable, std::string(what) + ": " + ec.message()};
+}
+
+/// Runs a socket transfer against a deadline; the loser is cancelled.
+template <class Buffers, class Op>
+asio::awaitable<Result<void>> transfer(asio::ip::tcp::socket& socket, Op op, const Buffers& buffers,
+                                       std::chrono::milliseconds timeout, const char* what) {
+  asio::steady_timer timer(socket.get_executor(), timeout);
+  auto outcome = co_await (op(socket, buffers, as_result) || timer.async_wait(as_result));
+  if (outcome.index() == 1) {
+    socket.close();
+    co_return fail(errc::timeout, std::string(what) + ": peer silent past the deadline");
+  }
+  auto [ec, bytes] = std::get<0>(outcome);
+  if (ec) co_return connection_error(ec, what);
+  co_return success();
+}
+
+struct Reader {
+  template <class Buffers, class Token>
+  auto operator()(asio::ip::tcp::socket& s, const Buffers& b, Token&& t) const {
+    return asio::async_read(s, b, std::forward<Token>(t));
+  }
+};
+struct Writer {
+  template <class Buffers, class Token>
+  auto operator()(asio::ip::tcp::socket& s, const Buffers& b, Token&& t) const {
+    return asio::async_write(s, b, std::forward<Token>(t));
+  }
+};
+
+}  // namespace
+
+FramedConnection::FramedConnection(asio::ip::tcp::socket socket, std::uint32_t max_frame_body)
+    : socket_(std::move(socket)), max_body_(max_frame_body) {}
+
+asio::awaitable<Result<Frame>> FramedConnection::read(std::chrono::milliseconds timeout) {
+  std::array<std::byte, 4> prefix{};
+  const auto prefix_buffer = asio::buffer(prefix);
+  CORMA_CO_TRY(co_await transfer(socket_, Reader{}, prefix_buffer, timeout, "reading a frame"));
+  auto length = decode_frame_length(prefix, max_body_);
+  if (!length) {
+    close();  // the stream cannot be resynchronised
+    co_return std::move(length).error();
+  }
+  body_.resize(length.value());
+  const auto body_buffer = asio::buffer(body_);
+  CORMA_CO_TRY(co_await transfer(socket_, Reader{}, body_buffer, timeout, "reading a frame"));
+  auto frame = decode_frame_body(body_);
+  if (!frame) close();
+  co_return frame;
+}
+
+asio::awaitable<Result<void>> FramedConnection::write(const Frame& frame, std::chrono::milliseconds timeout) {
+  const auto bytes = encode_frame(frame);
+  const auto buffer = asio::buffer(bytes);
+  co_return co_await transfer(socket_, Writer{}, buffer, timeout, "writing a frame");
+}
+
+void FramedConnection::close() noexcept {
+  boost::system::error_code ignored;
+  socket_.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+  socket_.close(ignored);
+}
+
+}  // namespace corma::rendezvous

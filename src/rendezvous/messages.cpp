@@ -1,0 +1,367 @@
+#include "messages.hpp"
+
+#include "wire_io.hpp"
+
+#include <string>
+#include <type_traits>
+
+namespace corma::rendezvous {
+namespace {
+
+using wire::checked_length;
+using wire::Reader;
+using wire::Writer;
+
+template <class... Fs>
+struct Overloaded : Fs... {
+  using Fs::operator()...;
+};
+template <class... Fs>
+Overloaded(Fs...) -> Overloaded<Fs...>;
+
+// ---- shared field codecs ---------------------------------------------------
+
+/// u8 backend: 0 = none, else a BackendKind value.
+void put_backend(Writer& out, const std::optional<BackendKind>& backend) {
+  out.u8(backend ? static_cast<std::uint8_t>(*backend) : 0);
+}
+
+Result<std::optional<BackendKind>> get_backend(Reader& in, std::string_view field) {
+  CORMA_TRY(auto value, in.u8(field));
+  switch (value) {
+    case 0: return std::optional<BackendKind>{};
+    case static_cast<std::uint8_t>(BackendKind::ucx): return std::optional{BackendKind::ucx};
+    case static_cast<std::uint8_t>(BackendKind::verbs): return std::optional{BackendKind::verbs};
+    case static_cast<std::uint8_t>(BackendKind::test): return std::optional{BackendKind::test};
+    default: break;
+  }
+  return fail(errc::protocol, "unknown " + std::string(field) + " " + std::to_string(value));
+}
+
+/// u32 length + bytes, the length at most `max`.
+Result<std::vector<std::byte>> get_blob(Reader& in, std::string_view field, std::size_t max) {
+  CORMA_TRY(auto len, in.u32(std::string(field) + " length"));
+  if (len > max) {
+    return fail(errc::protocol, std::string(field) + " of " + std::to_string(len) + " bytes exceeds " +
+                                    std::to_string(max));
+  }
+  return in.byte_vector(len, field);
+}
+
+// ---- payload encoders --------------------------------------------------------
+
+void put_payload(Writer& out, const Hello& m) {
+  out.u16(m.version);
+  put_backend(out, m.backend);
+  out.u32(checked_length<std::uint32_t>(m.peer_offer.size(), "peer offer"));
+  out.bytes(m.peer_offer);
+}
+
+void put_payload(Writer& out, const HelloOk& m) {
+  out.u16(m.version);
+  put_backend(out, m.backend);
+  out.u32(checked_length<std::uint32_t>(m.peer_answer.size(), "peer answer"));
+  out.bytes(m.peer_answer);
+  out.u32(m.max_frame_body);
+}
+
+void put_payload(Writer& out, const Acquire& m) {
+  out.u16(checked_length<std::uint16_t>(m.name.size(), "object name"));
+  out.text(m.name);
+  out.u8(m.wants_rdma ? 1 : 0);
+}
+
+void put_payload(Writer& out, const RdmaGrant& m) {
+  out.u64(m.lease);
+  out.u64(m.size);
+  out.u32(m.lease_timeout_ms);
+  out.u32(checked_length<std::uint32_t>(m.descriptor.size(), "descriptor"));
+  out.bytes(m.descriptor);
+}
+
+void put_payload(Writer& out, const Chunked& m) {
+  out.u64(m.lease);
+  out.u64(m.size);
+  out.u32(m.chunk_size);
+  out.u32(m.lease_timeout_ms);
+  out.u8(static_cast<std::uint8_t>(m.reason));
+}
+
+void put_payload(Writer&, const NotFound&) {}
+
+void put_payload(Writer& out, const Pull& m) {
+  out.u64(m.lease);
+  out.u64(m.offset);
+  out.u32(m.len);
+}
+
+void put_payload(Writer& out, const Data& m) {
+  out.u64(m.offset);
+  out.u32(checked_length<std::uint32_t>(m.bytes.size(), "data chunk"));
+  out.bytes(m.bytes);
+}
+
+void put_payload(Writer& out, const Renew& m) { out.u64(m.lease); }
+void put_payload(Writer& out, const Renewed& m) { out.u32(m.lease_timeout_ms); }
+void put_payload(Writer& out, const Release& m) { out.u64(m.lease); }
+void put_payload(Writer&, const Released&) {}
+
+void put_payload(Writer& out, const ErrorReply& m) {
+  out.u16(m.code);
+  out.u16(checked_length<std::uint16_t>(m.detail.size(), "error detail"));
+  out.text(m.detail);
+}
+
+// ---- payload decoders --------------------------------------------------------
+
+Result<Hello> get_hello(Reader& in) {
+  Hello m;
+  CORMA_TRY(m.version, in.u16("hello version"));
+  CORMA_TRY(m.backend, get_backend(in, "hello backend"));
+  CORMA_TRY(m.peer_offer, get_blob(in, "hello peer offer", max_peer_blob_size));
+  if (!m.backend && !m.peer_offer.empty()) {
+    return fail(errc::protocol, "hello carries a peer offer of " + std::to_string(m.peer_offer.size()) +
+                     " bytes but names no backend");
+  }
+  return m;
+}
+
+Result<HelloOk> get_hello_ok(Reader& in) {
+  HelloOk m;
+  CORMA_TRY(m.version, in.u16("hello_ok version"));
+  CORMA_TRY(m.backend, get_backend(in, "hello_ok backend"));
+  CORMA_TRY(m.peer_answer, get_blob(in, "hello_ok peer answer", max_peer_blob_size));
+  if (!m.backend && !m.peer_answer.empty()) {
+    return fail(errc::protocol, "hello_ok carries a peer answer of " + std::to_string(m.peer_answer.size()) +
+                     " bytes but names no backend");
+  }
+  CORMA_TRY(m.max_frame_body, in.u32("hello_ok max frame body"));
+  return m;
+}
+
+Result<Acquire> get_acquire(Reader& in) {
+  Acquire m;
+  CORMA_TRY(auto name_len, in.u16("acquire name length"));
+  if (name_len == 0) return fail(errc::protocol, "acquire with an empty object name");
+  if (name_len > max_name_length) {
+    return fail(errc::protocol, "acquire object name of " + std::to_string(name_len) + " bytes exceeds " +
+                     std::to_string(max_name_length));
+  }
+  CORMA_TRY(m.name, in.text(name_len, "acquire name"));
+  CORMA_TRY(auto wants, in.u8("acquire wants_rdma"));
+  if (wants > 1) return fail(errc::protocol, "acquire wants_rdma is " + std::to_string(wants) + ", not 0 or 1");
+  m.wants_rdma = wants == 1;
+  return m;
+}
+
+Result<RdmaGrant> get_rdma_grant(Reader& in) {
+  RdmaGrant m;
+  CORMA_TRY(m.lease, in.u64("rdma_grant lease"));
+  CORMA_TRY(m.size, in.u64("rdma_grant size"));
+  CORMA_TRY(m.lease_timeout_ms, in.u32("rdma_grant lease timeout"));
+  CORMA_TRY(auto len, in.u32("rdma_grant descriptor length"));
+  constexpr std::size_t max_descriptor = Descriptor::header_size + max_packed_key_size;
+  if (len == 0 || len > max_descriptor) {
+    return fail(errc::protocol, "rdma_grant descriptor of " + std::to_string(len) + " bytes is outside 1.." +
+                     std::to_string(max_descriptor));
+  }
+  CORMA_TRY(m.descriptor, in.byte_vector(len, "rdma_grant descriptor"));
+  return m;
+}
+
+Result<Chunked> get_chunked(Reader& in) {
+  Chunked m;
+  CORMA_TRY(m.lease, in.u64("chunked lease"));
+  CORMA_TRY(m.size, in.u64("chunked size"));
+  CORMA_TRY(m.chunk_size, in.u32("chunked chunk size"));
+  if (m.chunk_size == 0) return fail(errc::protocol, "chunked with a zero chunk size");
+  CORMA_TRY(m.lease_timeout_ms, in.u32("chunked lease timeout"));
+  CORMA_TRY(auto reason, in.u8("chunked reason"));
+  if (reason < static_cast<std::uint8_t>(ChunkedReason::budget) ||
+      reason > static_cast<std::uint8_t>(ChunkedReason::registration_failed)) {
+    return fail(errc::protocol, "unknown chunked reason " + std::to_string(reason));
+  }
+  m.reason = static_cast<ChunkedReason>(reason);
+  return m;
+}
+
+Result<Pull> get_pull(Reader& in) {
+  Pull m;
+  CORMA_TRY(m.lease, in.u64("pull lease"));
+  CORMA_TRY(m.offset, in.u64("pull offset"));
+  CORMA_TRY(m.len, in.u32("pull length"));
+  if (m.len == 0) return fail(errc::protocol, "pull of zero bytes");
+  return m;
+}
+
+Result<Data> get_data(Reader& in) {
+  Data m;
+  CORMA_TRY(m.offset, in.u64("data offset"));
+  CORMA_TRY(auto len, in.u32("data length"));
+  if (len != in.remaining()) {
+    return fail(errc::protocol, "data length " + std::to_string(len) + " disagrees with the " +
+                     std::to_string(in.remaining()) + " bytes that follow");
+  }
+  CORMA_TRY(m.bytes, in.byte_vector(len, "data bytes"));
+  return m;
+}
+
+Result<Renew> get_renew(Reader& in) {
+  Renew m;
+  CORMA_TRY(m.lease, in.u64("renew lease"));
+  return m;
+}
+
+Result<Renewed> get_renewed(Reader& in) {
+  Renewed m;
+  CORMA_TRY(m.lease_timeout_ms, in.u32("renewed lease timeout"));
+  return m;
+}
+
+Result<Release> get_release(Reader& in) {
+  Release m;
+  CORMA_TRY(m.lease, in.u64("release lease"));
+  return m;
+}
+
+Result<ErrorReply> get_error(Reader& in) {
+  ErrorReply m;
+  CORMA_TRY(m.code, in.u16("error code"));
+  CORMA_TRY(auto len, in.u16("error detail length"));
+  if (len > max_detail_length) {
+    return fail(errc::protocol, "error detail of " + std::to_string(len) + " bytes exceeds " +
+                     std::to_string(max_detail_length));
+  }
+  CORMA_TRY(m.detail, in.text(len, "error detail"));
+  return m;
+}
+
+/// Decodes one payload of type T and widens it to a Message.
+template <class T>
+Result<Message> widen(Result<T> decoded) {
+  CORMA_TRY(auto value, std::move(decoded));
+  return Message{std::in_place_type<T>, std::move(value)};
+}
+
+Result<Message> get_payload(MessageType type, Reader& in) {
+  switch (type) {
+    case MessageType::hello: return widen(get_hello(in));
+    case MessageType::hello_ok: return widen(get_hello_ok(in));
+    case MessageType::acquire: return widen(get_acquire(in));
+    case MessageType::rdma_grant: return widen(get_rdma_grant(in));
+    case MessageType::chunked: return widen(get_chunked(in));
+    case MessageType::not_found: return Message{NotFound{}};
+    case MessageType::pull: return widen(get_pull(in));
+    case MessageType::data: return widen(get_data(in));
+    case MessageType::renew: return widen(get_renew(in));
+    case MessageType::renewed: return widen(get_renewed(in));
+    case MessageType::release: return widen(get_release(in));
+    case MessageType::released: return Message{Released{}};
+    case MessageType::error: return widen(get_error(in));
+  }
+  return fail(errc::protocol, "unknown message type " + std::to_string(static_cast<unsigned>(type)));
+}
+
+bool known_type(std::uint8_t value) noexcept {
+  return value >= static_cast<std::uint8_t>(MessageType::hello) &&
+         value <= static_cast<std::uint8_t>(MessageType::error);
+}
+
+std::string_view type_name(MessageType type) noexcept {
+  switch (type) {
+    case MessageType::hello: return "hello";
+    case MessageType::hello_ok: return "hello_ok";
+    case MessageType::acquire: return "acquire";
+    case MessageType::rdma_grant: return "rdma_grant";
+    case MessageType::chunked: return "chunked";
+    case MessageType::not_found: return "not_found";
+    case MessageType::pull: return "pull";
+    case MessageType::data: return "data";
+    case MessageType::renew: return "renew";
+    case MessageType::renewed: return "renewed";
+    case MessageType::release: return "release";
+    case MessageType::released: return "released";
+    case MessageType::error: return "error";
+  }
+  return "unknown";
+}
+
+}  // namespace
+
+std::string_view to_string(ChunkedReason reason) noexcept {
+  switch (reason) {
+    case ChunkedReason::budget: return "budget";
+    case ChunkedReason::not_configured: return "not_configured";
+    case ChunkedReason::below_threshold: return "below_threshold";
+    case ChunkedReason::draining: return "draining";
+    case ChunkedReason::no_offer: return "no_offer";
+    case ChunkedReason::backend_mismatch: return "backend_mismatch";
+    case ChunkedReason::registration_failed: return "registration_failed";
+  }
+  return "unknown";
+}
+
+MessageType type_of(const Message& message) noexcept {
+  return std::visit(Overloaded{
+                        [](const Hello&) { return MessageType::hello; },
+                        [](const HelloOk&) { return MessageType::hello_ok; },
+                        [](const Acquire&) { return MessageType::acquire; },
+                        [](const RdmaGrant&) { return MessageType::rdma_grant; },
+                        [](const Chunked&) { return MessageType::chunked; },
+                        [](const NotFound&) { return MessageType::not_found; },
+                        [](const Pull&) { return MessageType::pull; },
+                        [](const Data&) { return MessageType::data; },
+                        [](const Renew&) { return MessageType::renew; },
+                        [](const Renewed&) { return MessageType::renewed; },
+                        [](const Release&) { return MessageType::release; },
+                        [](const Released&) { return MessageType::released; },
+                        [](const ErrorReply&) { return MessageType::error; },
+                    },
+                    message);
+}
+
+std::vector<std::byte> encode_frame(const Frame& frame) {
+  Writer out(frame_header_size);
+  out.u32(0);  // body length, patched below
+  out.u8(static_cast<std::uint8_t>(type_of(frame.message)));
+  out.u8(0);
+  out.u16(0);
+  out.u64(frame.request_id);
+  std::visit([&out](const auto& m) { put_payload(out, m); }, frame.message);
+  out.patch_u32(0, checked_length<std::uint32_t>(out.size() - 4, "frame body"));
+  return std::move(out).take();
+}
+
+Result<std::uint32_t> decode_frame_length(std::span<const std::byte> prefix, std::uint32_t max_body) {
+  Reader in(prefix);
+  CORMA_TRY(auto body, in.u32("frame length prefix"));
+  if (body < frame_fixed_body) {
+    return fail(errc::protocol, "frame body of " + std::to_string(body) + " bytes is shorter than the " +
+                                    std::to_string(frame_fixed_body) + "-byte header");
+  }
+  if (body > max_body) {
+    return fail(errc::protocol, "frame body of " + std::to_string(body) + " bytes exceeds the maximum of " +
+                                    std::to_string(max_body));
+  }
+  return body;
+}
+
+Result<Frame> decode_frame_body(std::span<const std::byte> body) {
+  Reader in(body);
+  CORMA_TRY(auto type, in.u8("frame type"));
+  if (!known_type(type)) return fail(errc::protocol, "unknown message type " + std::to_string(type));
+  CORMA_TRY(auto reserved8, in.u8("frame reserved byte"));
+  CORMA_TRY(auto reserved16, in.u16("frame reserved bytes"));
+  if (reserved8 != 0 || reserved16 != 0) return fail(errc::protocol, "frame reserved bytes are not zero");
+  Frame frame;
+  CORMA_TRY(frame.request_id, in.u64("frame request id"));
+  const auto message_type = static_cast<MessageType>(type);
+  CORMA_TRY(frame.message, get_payload(message_type, in));
+  if (in.remaining() != 0) {
+    return fail(errc::protocol, std::to_string(in.remaining()) + " trailing bytes after a " +
+                                    std::string(type_name(message_type)) + " message");
+  }
+  return frame;
+}
+
+}  // namespace corma::rendezvous

@@ -1,0 +1,138 @@
+// The rendezvous control protocol: frames and messages, with strict
+// decoders. docs/protocol.md describes the same layout in prose.
+#pragma once
+
+#include <corma/descriptor.hpp>
+#include <corma/error.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+namespace corma::rendezvous {
+
+inline constexpr std::uint16_t protocol_version = 1;
+/// u32 body length, u8 type, u8 reserved, u16 reserved, u64 request id.
+inline constexpr std::size_t frame_header_size = 16;
+/// Bytes after the length prefix of the fixed header.
+inline constexpr std::size_t frame_fixed_body = frame_header_size - 4;
+/// Object names are relative paths; longer ones are refused.
+inline constexpr std::size_t max_name_length = 4096;
+/// Detail text in error replies; longer ones are refused.
+inline constexpr std::size_t max_detail_length = 1024;
+/// The largest frame body either side accepts unless configured otherwise:
+/// a 1 MiB data chunk plus its headers.
+inline constexpr std::uint32_t default_max_frame_body = (1u << 20) + 64;
+
+enum class MessageType : std::uint8_t {
+  hello = 1,
+  hello_ok = 2,
+  acquire = 3,
+  rdma_grant = 4,
+  chunked = 5,
+  not_found = 6,
+  pull = 7,
+  data = 8,
+  renew = 9,
+  renewed = 10,
+  release = 11,
+  released = 12,
+  error = 13,
+};
+
+/// Why an owner answered `chunked` instead of granting RDMA.
+enum class ChunkedReason : std::uint8_t {
+  budget = 1,               ///< the registry's budget had no room
+  not_configured = 2,       ///< the owner's backend cannot expose memory (e.g. untrusted tcp)
+  below_threshold = 3,      ///< too small to be worth a registration
+  draining = 4,             ///< the owner is shutting down
+  no_offer = 5,             ///< the consumer made no RDMA offer
+  backend_mismatch = 6,     ///< the consumer offered another backend
+  registration_failed = 7,  ///< the backend refused the registration
+};
+[[nodiscard]] std::string_view to_string(ChunkedReason reason) noexcept;
+
+/// Consumer → owner, first frame: protocol version and, optionally, an RDMA
+/// peer offer for one backend.
+struct Hello {
+  std::uint16_t version = protocol_version;
+  std::optional<BackendKind> backend;  ///< none: the consumer only pulls chunks
+  std::vector<std::byte> peer_offer;   ///< empty when backend is none
+};
+/// Owner → consumer: the answer to the peer offer (empty when not taken).
+struct HelloOk {
+  std::uint16_t version = protocol_version;
+  std::optional<BackendKind> backend;  ///< the backend both sides now share, if any
+  std::vector<std::byte> peer_answer;
+  std::uint32_t max_frame_body = default_max_frame_body;
+};
+struct Acquire {
+  std::string name;
+  bool wants_rdma = false;
+};
+struct RdmaGrant {
+  std::uint64_t lease = 0;
+  std::uint64_t size = 0;
+  std::uint32_t lease_timeout_ms = 0;
+  std::vector<std::byte> descriptor;  ///< an encoded corma::Descriptor
+};
+struct Chunked {
+  std::uint64_t lease = 0;
+  std::uint64_t size = 0;
+  std::uint32_t chunk_size = 0;
+  std::uint32_t lease_timeout_ms = 0;
+  ChunkedReason reason = ChunkedReason::no_offer;
+};
+struct NotFound {};
+struct Pull {
+  std::uint64_t lease = 0;
+  std::uint64_t offset = 0;
+  std::uint32_t len = 0;
+};
+struct Data {
+  std::uint64_t offset = 0;
+  std::vector<std::byte> bytes;
+};
+struct Renew {
+  std::uint64_t lease = 0;
+};
+struct Renewed {
+  std::uint32_t lease_timeout_ms = 0;
+};
+struct Release {
+  std::uint64_t lease = 0;
+};
+struct Released {};
+struct ErrorReply {
+  std::uint16_t code = 0;  ///< a corma::errc value
+  std::string detail;
+};
+
+using Message = std::variant<Hello, HelloOk, Acquire, RdmaGrant, Chunked, NotFound, Pull, Data, Renew,
+                             Renewed, Release, Released, ErrorReply>;
+
+struct Frame {
+  std::uint64_t request_id = 0;
+  Message message;
+};
+
+[[nodiscard]] MessageType type_of(const Message& message) noexcept;
+
+/// The whole frame: length prefix, fixed header, payload.
+[[nodiscard]] std::vector<std::byte> encode_frame(const Frame& frame);
+
+/// Reads the 4-byte length prefix; refuses a body shorter than the fixed
+/// header or longer than `max_body` (`protocol`) before anything is read.
+[[nodiscard]] Result<std::uint32_t> decode_frame_length(std::span<const std::byte> prefix,
+                                                        std::uint32_t max_body);
+
+/// Decodes everything after the length prefix. Strict: unknown type,
+/// non-zero reserved bytes, a field running past the end, a length field
+/// over its bound, an invalid enum value, or trailing bytes → `protocol`.
+[[nodiscard]] Result<Frame> decode_frame_body(std::span<const std::byte> body);
+
+}  // namespace corma::rendezvous

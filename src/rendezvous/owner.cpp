@@ -1,0 +1,322 @@
+#include <corma/owner.hpp>
+
+#include "framed_connection.hpp"
+
+#include <corma/descriptor.hpp>
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <map>
+#include <set>
+
+namespace corma {
+
+namespace asio = boost::asio;
+using namespace rendezvous;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+/// One registration of an object, shared by every lease that reads it.
+struct Export {
+  RegionGuard guard;
+  std::vector<std::byte> descriptor;
+};
+
+struct Lease {
+  std::uint64_t session = 0;
+  PublishedObject object;
+  std::shared_ptr<Export> exported;  // empty for chunked leases
+  clock_type::time_point deadline;
+};
+
+ErrorReply error_reply(const Error& error) {
+  return ErrorReply{static_cast<std::uint16_t>(error.code.value()), error.detail.substr(0, max_detail_length)};
+}
+
+ChunkedReason reason_for(const Error& error) {
+  if (error.is(errc::budget_exceeded)) return ChunkedReason::budget;
+  if (error.is(errc::not_configured)) return ChunkedReason::not_configured;
+  if (error.is(errc::shutting_down)) return ChunkedReason::draining;
+  return ChunkedReason::registration_failed;
+}
+
+}  // namespace
+
+struct Owner::State : std::enable_shared_from_this<State> {
+  asio::any_io_executor executor;
+  std::shared_ptr<Registry> registry;
+  OwnerConfig config;
+  std::optional<BackendKind> kind;
+
+  std::map<std::string, PublishedObject, std::less<>> published;
+  ObjectResolver resolver;
+  std::map<std::uint64_t, Lease> leases;
+  std::map<std::string, std::weak_ptr<Export>, std::less<>> exports;
+  std::set<std::shared_ptr<FramedConnection>> connections;
+  std::uint64_t next_lease = 1;
+  std::uint64_t next_session = 1;
+  bool draining = false;
+  OwnerStats stats;
+  asio::steady_timer reaper;
+
+  State(asio::any_io_executor ex, std::shared_ptr<Registry> r, OwnerConfig c)
+      : executor(ex), registry(std::move(r)), config(c), reaper(ex) {
+    if (registry) kind = backend_kind(registry->backend()->key());
+  }
+
+  Result<PublishedObject> find(std::string_view name) {
+    if (auto it = published.find(name); it != published.end()) return it->second;
+    if (resolver) return resolver(name);
+    return fail(errc::region_not_found, "no object named '" + std::string(name) + "'");
+  }
+
+  std::size_t leases_of(std::uint64_t session) const {
+    std::size_t n = 0;
+    for (const auto& [id, lease] : leases) n += lease.session == session ? 1 : 0;
+    return n;
+  }
+
+  Lease* lease_of(std::uint64_t session, std::uint64_t id) {
+    auto it = leases.find(id);
+    if (it == leases.end() || it->second.session != session) return nullptr;
+    return &it->second;
+  }
+
+  void refresh(Lease& lease) { lease.deadline = clock_type::now() + config.lease_timeout; }
+
+  asio::awaitable<Result<std::shared_ptr<Export>>> export_object(const std::string& name,
+                                                                  const PublishedObject& object) {
+    if (auto it = exports.find(name); it != exports.end()) {
+      if (auto shared = it->second.lock()) co_return shared;
+    }
+    // Registered read-only: peers may get from it, never put into it.
+    std::span<std::byte> memory(const_cast<std::byte*>(object.bytes.data()), object.bytes.size());
+    auto guard = co_await registry->async_register(memory, Access::remote_read, asio::use_awaitable);
+    if (!guard) co_return std::move(guard).error();
+    CORMA_CO_TRY(auto descriptor, describe(guard.value().remote()));
+    auto exported = std::make_shared<Export>(Export{std::move(guard).value(), encode(descriptor)});
+    exports[name] = exported;
+    co_return exported;
+  }
+
+  asio::awaitable<Message> acquire(std::uint64_t session, bool rdma_peer, Acquire request) {
+    auto object = find(request.name);
+    if (!object) {
+      if (object.error().is(errc::region_not_found)) {
+        ++stats.not_found;
+        co_return NotFound{};
+      }
+      co_return error_reply(object.error());
+    }
+    if (leases_of(session) >= config.max_leases_per_connection) {
+      ++stats.refused_requests;
+      co_return error_reply(Error{errc::budget_exceeded, "too many leases on this connection"});
+    }
+    const std::uint64_t size = object.value().bytes.size();
+    Lease lease{session, object.value(), nullptr, {}};
+    std::optional<ChunkedReason> reason;
+    if (draining) {
+      reason = ChunkedReason::draining;
+    } else if (!request.wants_rdma || !rdma_peer) {
+      reason = ChunkedReason::no_offer;
+    } else if (size < config.rdma_threshold) {
+      reason = ChunkedReason::below_threshold;
+    } else {
+      auto exported = co_await export_object(request.name, lease.object);
+      if (exported) {
+        lease.exported = std::move(exported).value();
+      } else {
+        reason = reason_for(exported.error());
+      }
+    }
+    const std::uint64_t id = next_lease++;
+    refresh(lease);
+    const auto timeout_ms = static_cast<std::uint32_t>(config.lease_timeout.count());
+    if (reason) {
+      ++stats.decisions.chunked_by_reason[std::string(to_string(*reason))];
+      leases.emplace(id, std::move(lease));
+      co_return Chunked{id, size, config.chunk_size, timeout_ms, *reason};
+    }
+    ++stats.decisions.rdma;
+    auto descriptor = lease.exported->descriptor;
+    leases.emplace(id, std::move(lease));
+    co_return RdmaGrant{id, size, timeout_ms, std::move(descriptor)};
+  }
+
+  Message pull(std::uint64_t session, const Pull& request) {
+    Lease* lease = lease_of(session, request.lease);
+    if (lease == nullptr) {
+      ++stats.refused_requests;
+      return error_reply(Error{errc::region_not_found, "no such lease on this connection"});
+    }
+    if (request.len > config.chunk_size) {
+      ++stats.refused_requests;
+      return error_reply(Error{errc::out_of_range, "pull larger than the chunk size"});
+    }
+    // Nothing outside the published range is ever sent.
+    if (auto inside = validate_slice(request.offset, request.len, lease->object.bytes.size()); !inside) {
+      ++stats.refused_requests;
+      return error_reply(inside.error());
+    }
+    refresh(*lease);
+    ++stats.pulls;
+    stats.pulled_bytes += request.len;
+    const auto bytes = lease->object.bytes.subspan(request.offset, request.len);
+    return Data{request.offset, std::vector<std::byte>(bytes.begin(), bytes.end())};
+  }
+
+  Message renew(std::uint64_t session, const Renew& request) {
+    Lease* lease = lease_of(session, request.lease);
+    if (lease == nullptr) return error_reply(Error{errc::region_not_found, "no such lease on this connection"});
+    refresh(*lease);
+    return Renewed{static_cast<std::uint32_t>(config.lease_timeout.count())};
+  }
+
+  Message release(std::uint64_t session, const Release& request) {
+    if (lease_of(session, request.lease) != nullptr) {
+      leases.erase(request.lease);
+      ++stats.leases_released;
+    }
+    return Released{};
+  }
+
+  void drop_leases_of(std::uint64_t session) {
+    for (auto it = leases.begin(); it != leases.end();) {
+      it = it->second.session == session ? leases.erase(it) : std::next(it);
+    }
+  }
+
+  asio::awaitable<std::optional<PeerId>> handshake(FramedConnection& connection, bool& ok) {
+    ok = false;
+    auto first = co_await connection.read(config.io_timeout);
+    if (!first || !std::holds_alternative<Hello>(first.value().message)) {
+      ++stats.refused_requests;
+      co_return std::nullopt;
+    }
+    auto& hello = std::get<Hello>(first.value().message);
+    HelloOk answer;
+    std::optional<PeerId> peer;
+    if (hello.version != protocol_version) {
+      Frame refusal{first.value().request_id, ErrorReply{static_cast<std::uint16_t>(errc::protocol),
+                                                         "unsupported protocol version"}};
+      co_await connection.write(refusal, config.io_timeout);
+      co_return std::nullopt;
+    }
+    if (registry && hello.backend && hello.backend == kind && !hello.peer_offer.empty()) {
+      auto accepted = co_await registry->backend()->async_peer_accept(std::move(hello.peer_offer),
+                                                                      asio::use_awaitable);
+      if (accepted) {
+        answer.backend = kind;
+        answer.peer_answer = std::move(accepted.value().blob);
+        peer = accepted.value().peer;
+      }
+    }
+    Frame reply{first.value().request_id, std::move(answer)};
+    ok = static_cast<bool>(co_await connection.write(reply, config.io_timeout));
+    co_return peer;
+  }
+
+  asio::awaitable<void> session(asio::ip::tcp::socket socket) {
+    auto self = shared_from_this();
+    auto connection = std::make_shared<FramedConnection>(std::move(socket), default_max_frame_body);
+    connections.insert(connection);
+    ++stats.connections;
+    const std::uint64_t session_id = next_session++;
+    bool ok = false;
+    const auto peer = co_await handshake(*connection, ok);
+    while (ok && connection->is_open()) {
+      auto frame = co_await connection->read(config.idle_timeout);
+      if (!frame) {
+        if (frame.error().is(errc::protocol)) ++stats.refused_requests;
+        break;
+      }
+      Message reply = ErrorReply{static_cast<std::uint16_t>(errc::protocol), "unexpected message"};
+      bool hostile = false;
+      auto& message = frame.value().message;
+      if (auto* acquire_request = std::get_if<Acquire>(&message)) {
+        reply = co_await acquire(session_id, peer.has_value(), std::move(*acquire_request));
+      } else if (auto* pull_request = std::get_if<Pull>(&message)) {
+        reply = pull(session_id, *pull_request);
+      } else if (auto* renew_request = std::get_if<Renew>(&message)) {
+        reply = renew(session_id, *renew_request);
+      } else if (auto* release_request = std::get_if<Release>(&message)) {
+        reply = release(session_id, *release_request);
+      } else {
+        hostile = true;  // a consumer never sends owner messages
+        ++stats.refused_requests;
+      }
+      Frame response{frame.value().request_id, std::move(reply)};
+      if (!co_await connection->write(response, config.io_timeout) || hostile) break;
+    }
+    connection->close();
+    connections.erase(connection);
+    drop_leases_of(session_id);
+    if (peer && registry) {
+      co_await registry->backend()->async_peer_close(*peer, asio::use_awaitable);
+    }
+  }
+
+  asio::awaitable<void> reap() {
+    auto self = shared_from_this();
+    while (!draining) {
+      reaper.expires_after(config.reap_interval);
+      auto [ec] = co_await reaper.async_wait(asio::as_tuple(asio::use_awaitable));
+      if (ec) break;
+      const auto now = clock_type::now();
+      for (auto it = leases.begin(); it != leases.end();) {
+        if (it->second.deadline < now) {
+          it = leases.erase(it);
+          ++stats.leases_expired;
+        } else {
+          ++it;
+        }
+      }
+    }
+  }
+};
+
+Owner::Owner(asio::any_io_executor executor, std::shared_ptr<Registry> registry, OwnerConfig config)
+    : state_(std::make_shared<State>(executor, std::move(registry), config)) {
+  asio::co_spawn(executor, state_->reap(), asio::detached);
+}
+
+Owner::~Owner() { stop(); }
+
+void Owner::publish(std::string name, PublishedObject object) {
+  state_->published[std::move(name)] = std::move(object);
+}
+
+void Owner::set_resolver(ObjectResolver resolver) { state_->resolver = std::move(resolver); }
+
+asio::awaitable<void> Owner::serve(asio::ip::tcp::acceptor& acceptor) {
+  auto state = state_;
+  while (!state->draining) {
+    auto [ec, socket] = co_await acceptor.async_accept(asio::as_tuple(asio::use_awaitable));
+    if (ec) {
+      if (ec == asio::error::operation_aborted || !acceptor.is_open()) break;
+      continue;  // a failed accept (out of descriptors, reset) does not end serving
+    }
+    asio::co_spawn(state->executor, state->session(std::move(socket)), asio::detached);
+  }
+}
+
+void Owner::stop() {
+  auto& state = *state_;
+  state.draining = true;
+  state.reaper.cancel();
+  for (const auto& connection : state.connections) connection->close();
+  state.leases.clear();
+}
+
+OwnerStats Owner::stats() const {
+  OwnerStats stats = state_->stats;
+  stats.live_leases = state_->leases.size();
+  return stats;
+}
+
+}  // namespace corma
