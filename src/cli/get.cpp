@@ -46,7 +46,10 @@ int run_get(const GetOptions& options) {
       std::fprintf(stderr, "corma get: %s\n", backend.error().message().c_str());
       return 1;
     }
-    registry = std::make_shared<Registry>(backend.value(), RegistryConfig{budget.value(), 0});
+    // A backend that may not expose memory makes no RDMA offer at all.
+    if (backend.value()->rma_enabled()) {
+      registry = std::make_shared<Registry>(backend.value(), RegistryConfig{budget.value(), 0});
+    }
   }
 
   asio::io_context io(1);

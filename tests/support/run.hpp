@@ -33,7 +33,9 @@ inline void run(boost::asio::io_context& io, boost::asio::awaitable<void> task,
   boost::asio::co_spawn(io, std::move(task), [&](std::exception_ptr e) {
     error = e;
     done = true;
+    io.stop();  // other work (servers, reapers) may keep the context busy
   });
+  io.restart();  // a context that ran out of work before stays stopped otherwise
   io.run_for(limit);
   io.restart();
   if (error) std::rethrow_exception(error);
