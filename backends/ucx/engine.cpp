@@ -99,6 +99,7 @@ void Backend::Engine::tear_down() {
     wake.reset();
   }
   if (worker != nullptr) ucp_worker_destroy(worker);
+  orphans.clear();  // no callback can reach them any more
   if (context != nullptr) ucp_cleanup(context);
   worker = nullptr;
   context = nullptr;
@@ -139,7 +140,9 @@ void Backend::Engine::poll_closing() {
     }
     if (it->request != nullptr) ucp_request_free(it->request);
     if (it->op) answer(*it->op, success());
+    const auto abandoned = it->abandoned;
     it = closing_endpoints.erase(it);
+    if (abandoned) orphan_transfers_of(*abandoned);
   }
 }
 
@@ -309,10 +312,9 @@ Result<void> Backend::Engine::admit_transfer(TransferOp& op) {
   }
   CORMA_TRY(validate_slice(req.local_offset, req.len, region->second.len));
   auto peer = peers.find(req.peer);
-  if (peer == peers.end() || peer->second.ep == nullptr) {
-    return fail(errc::peer_unreachable, "unknown or unconnected peer");
-  }
+  if (peer == peers.end()) return fail(errc::peer_unreachable, "unknown peer");
   if (peer->second.broken) return fail(errc::peer_unreachable, "peer is broken");
+  if (peer->second.ep == nullptr) return fail(errc::peer_unreachable, "peer set-up is not complete");
   if (!rma) return fail(errc::not_configured, "RMA over software-emulated tcp needs trusted_peers");
   CORMA_TRY(auto key, wire::decode_key(req.packed_key, local_md_map));
   if (req.remote_addr < key.addr) return fail(errc::out_of_range, "remote address below the key's range");
@@ -343,9 +345,18 @@ void Backend::Engine::run_transfer(const std::shared_ptr<TransferOp>& op) {
   param.user_data = op.get();
   std::byte* local = regions.at(req.local).addr + req.local_offset;
   ucp_ep_h ep = peers.at(req.peer).ep;
-  ucs_status_ptr_t handle = op->is_put
-                                ? ucp_put_nbx(ep, local, req.len, req.remote_addr, op->rkey, &param)
-                                : ucp_get_nbx(ep, local, req.len, req.remote_addr, op->rkey, &param);
+  ucs_status_ptr_t handle = nullptr;
+  if (op->is_put) {
+    // A put completes locally (the source may be reused) before the target
+    // has the bytes: the endpoint flush behind it is what says "done".
+    ucp_request_param_t put_param{};
+    ucs_status_ptr_t put = ucp_put_nbx(ep, local, req.len, req.remote_addr, op->rkey, &put_param);
+    if (UCS_PTR_IS_ERR(put)) return finish_transfer(op->id, UCS_PTR_STATUS(put));
+    if (put != nullptr) ucp_request_free(put);  // UCX releases it when it completes
+    handle = ucp_ep_flush_nbx(ep, &param);
+  } else {
+    handle = ucp_get_nbx(ep, local, req.len, req.remote_addr, op->rkey, &param);
+  }
   if (UCS_PTR_IS_ERR(handle)) return finish_transfer(op->id, UCS_PTR_STATUS(handle));
   if (handle == nullptr) return finish_transfer(op->id, UCS_OK);
   op->deadline = std::make_unique<asio::steady_timer>(io, config.operation_timeout);
@@ -372,17 +383,21 @@ void Backend::Engine::finish_transfer(std::uint64_t id, ucs_status_t status) {
   if (op->rkey != nullptr) ucp_rkey_destroy(op->rkey);
   op->rkey = nullptr;
 
+  // The caller hears of its transfer before an unmap that waited for it.
+  if (status == UCS_OK) {
+    answer(*op, success());
+  } else if (status == UCS_ERR_CANCELED && closing) {
+    answer(*op, shut_down_error);
+  } else {
+    auto peer = peers.find(op->request.peer);
+    const bool broken = peer == peers.end() || peer->second.broken;
+    answer(*op, ucs_error(broken ? errc::peer_unreachable : errc::backend,
+                          op->is_put ? "ucp_put_nbx" : "ucp_get_nbx", status));
+  }
   auto region = regions.find(op->request.local);
   if (region != regions.end() && --region->second.transfers == 0 && region->second.unmapping) {
     unmap_now(region);
   }
-
-  if (status == UCS_OK) return answer(*op, success());
-  auto peer = peers.find(op->request.peer);
-  const bool broken = peer == peers.end() || peer->second.broken;
-  if (status == UCS_ERR_CANCELED && closing) return answer(*op, shut_down_error);
-  answer(*op, ucs_error(broken ? errc::peer_unreachable : errc::backend,
-                        op->is_put ? "ucp_put_nbx" : "ucp_get_nbx", status));
 }
 
 void Backend::Engine::cancel_transfer(const std::shared_ptr<TransferOp>& op) {
@@ -395,9 +410,34 @@ void Backend::Engine::on_transfer_deadline(std::uint64_t id) {
   auto it = transfers.find(id);
   if (it == transfers.end()) return;
   auto& op = *it->second;
-  auto peer = peers.find(op.request.peer);
-  if (peer != peers.end()) peer->second.broken = true;
   answer(op, fail(errc::timeout, "transfer passed its deadline; the peer is now treated as broken"));
+  auto peer = peers.find(op.request.peer);
+  if (peer != peers.end()) abandon_endpoint(peer->first, peer->second);
+}
+
+void Backend::Engine::abandon_endpoint(PeerId id, Peer& peer) {
+  peer.broken = true;
+  if (peer.ep == nullptr) return;
+  // Forced: UCX fails whatever is still in flight on it, which unpins the
+  // local regions those transfers held (an unmap may be waiting for them).
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  void* request = ucp_ep_close_nbx(peer.ep, &param);
+  peer.ep = nullptr;
+  closing_endpoints.push_back(
+      Closing{request != nullptr && !UCS_PTR_IS_ERR(request) ? request : nullptr, {}, id});
+}
+
+void Backend::Engine::orphan_transfers_of(PeerId peer) {
+  std::vector<std::uint64_t> ids;
+  for (const auto& [id, op] : transfers) {
+    if (op->request.peer == peer) ids.push_back(id);
+  }
+  for (auto id : ids) {
+    orphans.push_back(transfers.at(id));
+    finish_transfer(id, UCS_ERR_CANCELED);
+  }
 }
 
 // ---- peers ----
@@ -452,7 +492,9 @@ void Backend::Engine::run_peer_complete(const std::shared_ptr<ValueOp<void>>& op
   if (closed()) return op->completion.dispatch(shut_down_error);
   auto it = peers.find(op->peer);
   if (it == peers.end()) return op->completion.dispatch(fail(errc::peer_unreachable, "no pending peer with that id"));
-  if (it->second.ep != nullptr) return op->completion.dispatch(fail(errc::protocol, "peer is already connected"));
+  if (it->second.ep != nullptr || it->second.broken) {
+    return op->completion.dispatch(fail(errc::protocol, "peer is already connected"));
+  }
   auto ep = create_endpoint(op->blob);
   if (!ep) return op->completion.dispatch(std::move(ep).error());
   it->second.ep = ep.value();
@@ -472,7 +514,7 @@ void Backend::Engine::run_peer_close(const std::shared_ptr<VoidOp>& op, PeerId i
   param.flags = broken ? UCP_EP_CLOSE_FLAG_FORCE : 0;
   void* request = ucp_ep_close_nbx(ep, &param);
   if (request == nullptr || UCS_PTR_IS_ERR(request)) return answer(*op, success());
-  closing_endpoints.push_back(Closing{request, op});
+  closing_endpoints.push_back(Closing{request, op, std::nullopt});
 }
 
 // ---- shutdown ----
@@ -507,7 +549,7 @@ void Backend::Engine::run_shutdown(const std::shared_ptr<VoidOp>& op) {
     param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     param.flags = (force_all || peer.broken) ? UCP_EP_CLOSE_FLAG_FORCE : 0;
     void* request = ucp_ep_close_nbx(peer.ep, &param);
-    if (request != nullptr && !UCS_PTR_IS_ERR(request)) closing_endpoints.push_back(Closing{request, {}});
+    if (request != nullptr && !UCS_PTR_IS_ERR(request)) closing_endpoints.push_back(Closing{request, {}, std::nullopt});
   }
   peers.clear();
   const auto close_deadline = clock::now() + config.shutdown_timeout;

@@ -76,7 +76,8 @@ struct Backend::Engine : std::enable_shared_from_this<Engine> {
   };
   struct Closing {
     void* request = nullptr;
-    std::shared_ptr<VoidOp> op;  // may be empty (closed by shutdown)
+    std::shared_ptr<VoidOp> op;        // may be empty (closed by shutdown or abandoned)
+    std::optional<PeerId> abandoned;   // a broken peer whose transfers are given up once closed
   };
 
   explicit Engine(const Config& config);
@@ -119,6 +120,11 @@ struct Backend::Engine : std::enable_shared_from_this<Engine> {
   void on_transfer_deadline(std::uint64_t id);
   Result<ucp_ep_h> create_endpoint(const std::vector<std::byte>& blob);
   void mark_broken(ucp_ep_h ep);
+  /// Marks a peer broken and force-closes its endpoint.
+  void abandon_endpoint(PeerId id, Peer& peer);
+  /// The broken peer's endpoint is closed: whatever UCX did not finish on it
+  /// never will; release the callers and the regions those transfers pinned.
+  void orphan_transfers_of(PeerId peer);
   void release_region(RegionId id);
   /// Unmaps a region nobody transfers into and answers its waiters.
   void unmap_now(std::map<RegionId, Region>::iterator it);
@@ -160,6 +166,9 @@ struct Backend::Engine : std::enable_shared_from_this<Engine> {
   std::map<std::uint64_t, std::shared_ptr<MapOp>> delayed_maps;
   std::vector<std::uint64_t> finished;  // filled by UCX callbacks, drained after progress
   std::vector<Closing> closing_endpoints;
+  /// Transfers given up with their broken peer. UCX may still hold their
+  /// requests (and call back into them), so they live until the worker dies.
+  std::vector<std::shared_ptr<TransferOp>> orphans;
 };
 
 template <class Command, class Refuse>

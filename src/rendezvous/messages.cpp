@@ -43,7 +43,7 @@ Result<std::vector<std::byte>> get_blob(Reader& in, std::string_view field, std:
   CORMA_TRY(auto len, in.u32(std::string(field) + " length"));
   if (len > max) {
     return fail(errc::protocol, std::string(field) + " of " + std::to_string(len) + " bytes exceeds " +
-                                    std::to_string(max));
+                                std::to_string(max));
   }
   return in.byte_vector(len, field);
 }
@@ -121,7 +121,7 @@ Result<Hello> get_hello(Reader& in) {
   CORMA_TRY(m.peer_offer, get_blob(in, "hello peer offer", max_peer_blob_size));
   if (!m.backend && !m.peer_offer.empty()) {
     return fail(errc::protocol, "hello carries a peer offer of " + std::to_string(m.peer_offer.size()) +
-                     " bytes but names no backend");
+                                " bytes but names no backend");
   }
   return m;
 }
@@ -133,7 +133,7 @@ Result<HelloOk> get_hello_ok(Reader& in) {
   CORMA_TRY(m.peer_answer, get_blob(in, "hello_ok peer answer", max_peer_blob_size));
   if (!m.backend && !m.peer_answer.empty()) {
     return fail(errc::protocol, "hello_ok carries a peer answer of " + std::to_string(m.peer_answer.size()) +
-                     " bytes but names no backend");
+                                " bytes but names no backend");
   }
   CORMA_TRY(m.max_frame_body, in.u32("hello_ok max frame body"));
   return m;
@@ -145,7 +145,7 @@ Result<Acquire> get_acquire(Reader& in) {
   if (name_len == 0) return fail(errc::protocol, "acquire with an empty object name");
   if (name_len > max_name_length) {
     return fail(errc::protocol, "acquire object name of " + std::to_string(name_len) + " bytes exceeds " +
-                     std::to_string(max_name_length));
+                                std::to_string(max_name_length));
   }
   CORMA_TRY(m.name, in.text(name_len, "acquire name"));
   CORMA_TRY(auto wants, in.u8("acquire wants_rdma"));
@@ -163,7 +163,7 @@ Result<RdmaGrant> get_rdma_grant(Reader& in) {
   constexpr std::size_t max_descriptor = Descriptor::header_size + max_packed_key_size;
   if (len == 0 || len > max_descriptor) {
     return fail(errc::protocol, "rdma_grant descriptor of " + std::to_string(len) + " bytes is outside 1.." +
-                     std::to_string(max_descriptor));
+                                std::to_string(max_descriptor));
   }
   CORMA_TRY(m.descriptor, in.byte_vector(len, "rdma_grant descriptor"));
   return m;
@@ -200,7 +200,7 @@ Result<Data> get_data(Reader& in) {
   CORMA_TRY(auto len, in.u32("data length"));
   if (len != in.remaining()) {
     return fail(errc::protocol, "data length " + std::to_string(len) + " disagrees with the " +
-                     std::to_string(in.remaining()) + " bytes that follow");
+                                std::to_string(in.remaining()) + " bytes that follow");
   }
   CORMA_TRY(m.bytes, in.byte_vector(len, "data bytes"));
   return m;
@@ -230,7 +230,7 @@ Result<ErrorReply> get_error(Reader& in) {
   CORMA_TRY(auto len, in.u16("error detail length"));
   if (len > max_detail_length) {
     return fail(errc::protocol, "error detail of " + std::to_string(len) + " bytes exceeds " +
-                     std::to_string(max_detail_length));
+                                std::to_string(max_detail_length));
   }
   CORMA_TRY(m.detail, in.text(len, "error detail"));
   return m;
@@ -337,11 +337,11 @@ Result<std::uint32_t> decode_frame_length(std::span<const std::byte> prefix, std
   CORMA_TRY(auto body, in.u32("frame length prefix"));
   if (body < frame_fixed_body) {
     return fail(errc::protocol, "frame body of " + std::to_string(body) + " bytes is shorter than the " +
-                                    std::to_string(frame_fixed_body) + "-byte header");
+                                std::to_string(frame_fixed_body) + "-byte header");
   }
   if (body > max_body) {
     return fail(errc::protocol, "frame body of " + std::to_string(body) + " bytes exceeds the maximum of " +
-                                    std::to_string(max_body));
+                                std::to_string(max_body));
   }
   return body;
 }
@@ -359,7 +359,7 @@ Result<Frame> decode_frame_body(std::span<const std::byte> body) {
   CORMA_TRY(frame.message, get_payload(message_type, in));
   if (in.remaining() != 0) {
     return fail(errc::protocol, std::to_string(in.remaining()) + " trailing bytes after a " +
-                                    std::string(type_name(message_type)) + " message");
+                                std::string(type_name(message_type)) + " message");
   }
   return frame;
 }

@@ -77,13 +77,22 @@ Result<std::uint64_t> decode_u64(const std::vector<std::byte>& blob) {
 }  // namespace
 
 struct TestBackend::State : std::enable_shared_from_this<State> {
+  /// An unmap whose caller may still be waiting for the answer. Cancelling
+  /// it abandons the notification only: the unmap itself proceeds.
+  struct UnmapOp {
+    Completion<void(Result<void>)> completion;  // empty once answered
+    RegionId id{};
+    /// Set by the cancellation handler on the emitting thread, before it
+    /// posts: an unmap that has not run yet answers `cancelled` when it does.
+    std::atomic<bool> cancel_requested{false};
+  };
   struct Region {
     std::byte* addr = nullptr;
     std::size_t len = 0;
     Access access = Access::local;
     std::size_t transfers = 0;
     bool unmapping = false;
-    std::vector<Completion<void(Result<void>)>> unmap_waiters;
+    std::vector<std::shared_ptr<UnmapOp>> unmap_waiters;
   };
   struct Peer {
     std::uint64_t remote_instance = 0;  // 0 while pending
@@ -94,6 +103,10 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
     std::size_t len = 0;
     Access access = Access::local;
     bool held = false;
+    /// Set by the cancellation handler on the emitting thread, before it
+    /// posts: a map whose command has not run yet is answered `cancelled`
+    /// without ever reaching the "provider".
+    std::atomic<bool> cancel_requested{false};
     std::optional<RegionId> mapped;
     std::unique_ptr<asio::steady_timer> timer;
   };
@@ -148,6 +161,19 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
     });
   }
 
+  /// The same, but first marks `op` cancelled on the emitting thread, so a
+  /// command still queued behind other work (the progress thread is busy)
+  /// sees the cancellation when it runs instead of running first.
+  template <class Op, class Fn>
+  void on_cancel(asio::cancellation_slot slot, const std::shared_ptr<Op>& op, Fn fn) {
+    if (!slot.is_connected()) return;
+    slot.assign([weak = weak_from_this(), weak_op = std::weak_ptr<Op>(op),
+                 fn = std::move(fn)](asio::cancellation_type) {
+      if (auto live_op = weak_op.lock()) live_op->cancel_requested.store(true);
+      post_to(weak, fn);
+    });
+  }
+
   // ---- map / unmap (progress thread) ----
 
   void run_map(std::uint64_t op_id) {
@@ -155,6 +181,7 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
     auto it = maps.find(op_id);
     if (it == maps.end()) return;  // cancelled before it ran
     auto op = it->second;
+    if (op->cancel_requested.load()) return answer_map(lock, op_id, fail(errc::cancelled, "map cancelled"));
     if (shut_down) return answer_map(lock, op_id, fail(errc::shutting_down, "backend shut down"));
     if (auto valid = validate_range(op->ptr, op->len); !valid) {
       return answer_map(lock, op_id, std::move(valid).error());
@@ -166,7 +193,10 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
       return;
     }
     const RegionId id{next_id++};
-    regions[id] = Region{static_cast<std::byte*>(op->ptr), op->len, op->access, 0, false, {}};
+    Region& region = regions[id];
+    region.addr = static_cast<std::byte*>(op->ptr);
+    region.len = op->len;
+    region.access = op->access;
     op->mapped = id;
     changed.notify_all();
     if (faults.map_delay.count() > 0) {
@@ -246,43 +276,77 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
     for (auto id : held) run_map(id);
   }
 
-  using Waiters = std::vector<Completion<void(Result<void>)>>;
+  /// An unmap's answer once the region is gone: success, or `cancelled`
+  /// when its caller gave up waiting for it.
+  struct UnmapAnswer {
+    Completion<void(Result<void>)> completion;
+    bool cancelled = false;
+  };
+  using Waiters = std::vector<UnmapAnswer>;
+
+  /// Takes an unmap's pending answer (the caller holds the mutex).
+  static void take_answer(UnmapOp& op, Waiters& into) {
+    if (!op.completion) return;
+    into.push_back(UnmapAnswer{std::move(op.completion), op.cancel_requested.load()});
+    op.completion = {};
+  }
 
   /// Removes a region nobody transfers into; the caller holds the mutex and
   /// answers the returned unmap waiters after releasing it.
   [[nodiscard]] Waiters remove_region(RegionId id) {
     auto it = regions.find(id);
     if (it == regions.end()) return {};
-    auto waiters = std::move(it->second.unmap_waiters);
+    Waiters waiters;
+    for (auto& op : it->second.unmap_waiters) take_answer(*op, waiters);
     regions.erase(it);
     changed.notify_all();
     return waiters;
   }
 
   static void answer_all(Waiters waiters) {
-    for (auto& waiter : waiters) waiter.dispatch(success());
+    for (auto& waiter : waiters) {
+      if (waiter.cancelled) {
+        waiter.completion.dispatch(fail(errc::cancelled, "unmap notification abandoned; the unmap went ahead"));
+      } else {
+        waiter.completion.dispatch(success());
+      }
+    }
   }
 
-  void run_unmap(RegionId id, Completion<void(Result<void>)> completion) {
+  void run_unmap(const std::shared_ptr<UnmapOp>& op) {
     std::unique_lock lock(mutex);
     if (shut_down || faults.refuse_unmap) {
+      auto completion = std::move(op->completion);
+      op->completion = {};
       lock.unlock();
-      return completion.dispatch(fail(errc::shutting_down, "unmap refused"));
-    }
-    auto it = regions.find(id);
-    if (it == regions.end()) {
-      lock.unlock();
-      return completion.dispatch(success());  // idempotent
-    }
-    if (it->second.transfers > 0) {
-      it->second.unmapping = true;
-      it->second.unmap_waiters.push_back(std::move(completion));
+      if (completion) completion.dispatch(fail(errc::shutting_down, "unmap refused"));
       return;
     }
-    regions.erase(it);
-    changed.notify_all();
+    Waiters answers;
+    auto it = regions.find(op->id);
+    if (it != regions.end() && it->second.transfers > 0) {
+      it->second.unmapping = true;
+      it->second.unmap_waiters.push_back(op);
+      return;
+    }
+    if (it != regions.end()) answers = remove_region(op->id);  // else: idempotent
+    take_answer(*op, answers);
     lock.unlock();
-    completion.dispatch(success());
+    answer_all(std::move(answers));
+  }
+
+  /// The caller no longer waits: answer it now; the unmap (if it waits for
+  /// transfers) goes ahead regardless.
+  void cancel_unmap(const std::weak_ptr<UnmapOp>& weak_op) {
+    auto op = weak_op.lock();
+    if (!op) return;
+    Completion<void(Result<void>)> completion;
+    {
+      std::lock_guard lock(mutex);
+      completion = std::move(op->completion);
+      op->completion = {};
+    }
+    if (completion) completion.dispatch(fail(errc::cancelled, "unmap notification abandoned; the unmap goes ahead"));
   }
 
   // ---- transfers (progress thread) ----
@@ -404,8 +468,9 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
     }
     changed.notify_all();
     lock.unlock();
-    answer_all(std::move(waiters));
+    // The transfer ended before the unmap did: answer in that order.
     if (op->completion) op->completion.dispatch(std::move(outcome));
+    answer_all(std::move(waiters));
   }
 
   void cancel_transfer(std::uint64_t op_id) {
@@ -568,14 +633,17 @@ void TestBackend::do_map(void* ptr, std::size_t len, Access access, Handler<Back
     op_id = state_->next_id++;
     state_->maps.emplace(op_id, op);
   }
-  state_->on_cancel(op->completion.cancellation_slot(), [op_id](State& s) { s.cancel_map(op_id); });
+  state_->on_cancel(op->completion.cancellation_slot(), op, [op_id](State& s) { s.cancel_map(op_id); });
   asio::post(state_->io, [state = state_, op_id] { state->run_map(op_id); });
 }
 
 void TestBackend::do_unmap(RegionId id, Handler<void> h) {
-  asio::post(state_->io, [state = state_, id, c = Completion<void(Result<void>)>(std::move(h))]() mutable {
-    state->run_unmap(id, std::move(c));
-  });
+  auto op = std::make_shared<State::UnmapOp>();
+  op->completion = Completion<void(Result<void>)>(std::move(h));
+  op->id = id;
+  state_->on_cancel(op->completion.cancellation_slot(), op,
+                    [weak_op = std::weak_ptr<State::UnmapOp>(op)](State& s) { s.cancel_unmap(weak_op); });
+  asio::post(state_->io, [state = state_, op] { state->run_unmap(op); });
 }
 
 void TestBackend::do_get(GetRequest request, Handler<void> h) { transfer(false, std::move(request), std::move(h)); }

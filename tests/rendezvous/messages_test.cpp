@@ -1,0 +1,509 @@
+// The rendezvous control frames: exact layout, round trips of every message
+// type, every refusal the decoders promise, truncations and single-byte
+// corruptions.
+#include "rendezvous/messages.hpp"
+
+#include "roundtrip.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace {
+
+using corma::BackendKind;
+using corma::errc;
+namespace rv = corma::rendezvous;
+using rv::Frame;
+using rv::Message;
+using rv::MessageType;
+
+/// Payload offsets are relative to the body (after the length prefix).
+constexpr std::size_t payload_at = rv::frame_fixed_body;
+
+std::vector<std::byte> blob(std::size_t size, std::uint8_t seed = 3) {
+  std::vector<std::byte> bytes(size);
+  for (std::size_t i = 0; i < size; ++i) bytes[i] = static_cast<std::byte>((seed + i * 13) & 0xffU);
+  return bytes;
+}
+
+std::vector<std::byte> descriptor_bytes(std::size_t key_size = 16) {
+  return corma::encode(corma::Descriptor{BackendKind::ucx, 5, 0x10000, 1 << 20, blob(key_size)});
+}
+
+/// One frame of every type, some with their variants.
+std::vector<Frame> samples() {
+  return {
+      {1, rv::Hello{}},
+      {2, rv::Hello{rv::protocol_version, BackendKind::ucx, blob(37)}},
+      {3, rv::HelloOk{}},
+      {4, rv::HelloOk{rv::protocol_version, BackendKind::verbs, blob(12), 4096}},
+      {5, rv::Acquire{"a/b/object.bin", true}},
+      {6, rv::Acquire{"x", false}},
+      {7, rv::RdmaGrant{11, 1 << 20, 30000, descriptor_bytes()}},
+      {8, rv::Chunked{12, 999, 65536, 15000, rv::ChunkedReason::budget}},
+      {9, rv::Chunked{13, 0, 1, 0, rv::ChunkedReason::registration_failed}},
+      {10, rv::NotFound{}},
+      {11, rv::Pull{12, 65536, 65536}},
+      {12, rv::Data{65536, blob(40)}},
+      {13, rv::Data{7, {}}},
+      {14, rv::Renew{12}},
+      {15, rv::Renewed{30000}},
+      {16, rv::Release{12}},
+      {17, rv::Released{}},
+      {18, rv::ErrorReply{static_cast<std::uint16_t>(errc::shutting_down), "owner is draining"}},
+      {std::numeric_limits<std::uint64_t>::max(), rv::ErrorReply{0, ""}},
+  };
+}
+
+std::vector<std::byte> body_of(const Frame& frame) {
+  auto bytes = rv::encode_frame(frame);
+  return {bytes.begin() + 4, bytes.end()};
+}
+
+/// Overwrites `width` bytes at `at`, little-endian.
+void put_le(std::vector<std::byte>& bytes, std::size_t at, std::uint64_t value, std::size_t width) {
+  for (std::size_t i = 0; i < width; ++i) bytes.at(at + i) = static_cast<std::byte>((value >> (8 * i)) & 0xffU);
+}
+
+/// Appends `width` bytes, little-endian.
+void append_le(std::vector<std::byte>& bytes, std::uint64_t value, std::size_t width) {
+  for (std::size_t i = 0; i < width; ++i) bytes.push_back(static_cast<std::byte>((value >> (8 * i)) & 0xffU));
+}
+
+/// A body with the fixed header for `type` and nothing else.
+std::vector<std::byte> header(std::uint8_t type, std::uint64_t request_id = 42) {
+  std::vector<std::byte> bytes;
+  append_le(bytes, type, 1);
+  append_le(bytes, 0, 3);
+  append_le(bytes, request_id, 8);
+  return bytes;
+}
+
+testing::AssertionResult refused(std::span<const std::byte> body) {
+  auto decoded = rv::decode_frame_body(body);
+  if (decoded) return testing::AssertionFailure() << "accepted";
+  if (!decoded.error().is(errc::protocol)) {
+    return testing::AssertionFailure() << "refused with " << decoded.error().message();
+  }
+  return testing::AssertionSuccess() << decoded.error().message();
+}
+
+testing::AssertionResult round_trips(const Frame& frame) {
+  const auto bytes = rv::encode_frame(frame);
+  auto length = rv::decode_frame_length(std::span(bytes).first(4), std::numeric_limits<std::uint32_t>::max());
+  if (!length) return testing::AssertionFailure() << "length: " << length.error().message();
+  if (length.value() != bytes.size() - 4) return testing::AssertionFailure() << "length prefix " << length.value();
+  auto decoded = rv::decode_frame_body(std::span(bytes).subspan(4));
+  if (!decoded) return testing::AssertionFailure() << "body: " << decoded.error().message();
+  if (!corma::fuzz::same(decoded.value(), frame)) return testing::AssertionFailure() << "decodes to another frame";
+  if (rv::encode_frame(decoded.value()) != bytes) return testing::AssertionFailure() << "re-encodes differently";
+  return testing::AssertionSuccess();
+}
+
+// ---- layout ----------------------------------------------------------------------
+
+TEST(FrameLayout, PullIsLittleEndianFixedWidthUnpadded) {
+  const auto bytes = rv::encode_frame({0x0102030405060708ULL, rv::Pull{0x1112131415161718ULL,
+                                                                      0x2122232425262728ULL, 0x31323334}});
+  const std::vector<std::uint8_t> expected = {
+      32,   0,    0,    0,                                // body length: 12 + 20
+      7,    0,    0,    0,                                // type, reserved
+      0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01,    // request id
+      0x18, 0x17, 0x16, 0x15, 0x14, 0x13, 0x12, 0x11,    // lease
+      0x28, 0x27, 0x26, 0x25, 0x24, 0x23, 0x22, 0x21,    // offset
+      0x34, 0x33, 0x32, 0x31};                            // len
+  ASSERT_EQ(bytes.size(), expected.size());
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_EQ(bytes[i], static_cast<std::byte>(expected[i])) << "byte " << i;
+  }
+}
+
+TEST(FrameLayout, PayloadSizes) {
+  auto payload = [](const Message& m) { return rv::encode_frame({0, m}).size() - rv::frame_header_size; };
+  EXPECT_EQ(payload(rv::Hello{rv::protocol_version, BackendKind::test, blob(5)}), 2U + 1U + 4U + 5U);
+  EXPECT_EQ(payload(rv::HelloOk{rv::protocol_version, BackendKind::test, blob(5), 1}), 2U + 1U + 4U + 5U + 4U);
+  EXPECT_EQ(payload(rv::Acquire{"abc", true}), 2U + 3U + 1U);
+  EXPECT_EQ(payload(rv::RdmaGrant{1, 2, 3, blob(9)}), 8U + 8U + 4U + 4U + 9U);
+  EXPECT_EQ(payload(rv::Chunked{}), 8U + 8U + 4U + 4U + 1U);
+  EXPECT_EQ(payload(rv::NotFound{}), 0U);
+  EXPECT_EQ(payload(rv::Pull{}), 8U + 8U + 4U);
+  EXPECT_EQ(payload(rv::Data{0, blob(6)}), 8U + 4U + 6U);
+  EXPECT_EQ(payload(rv::Renew{}), 8U);
+  EXPECT_EQ(payload(rv::Renewed{}), 4U);
+  EXPECT_EQ(payload(rv::Release{}), 8U);
+  EXPECT_EQ(payload(rv::Released{}), 0U);
+  EXPECT_EQ(payload(rv::ErrorReply{1, "abcd"}), 2U + 2U + 4U);
+}
+
+TEST(FrameLayout, TypeOfEveryMessage) {
+  EXPECT_EQ(rv::type_of(rv::Hello{}), MessageType::hello);
+  EXPECT_EQ(rv::type_of(rv::HelloOk{}), MessageType::hello_ok);
+  EXPECT_EQ(rv::type_of(rv::Acquire{}), MessageType::acquire);
+  EXPECT_EQ(rv::type_of(rv::RdmaGrant{}), MessageType::rdma_grant);
+  EXPECT_EQ(rv::type_of(rv::Chunked{}), MessageType::chunked);
+  EXPECT_EQ(rv::type_of(rv::NotFound{}), MessageType::not_found);
+  EXPECT_EQ(rv::type_of(rv::Pull{}), MessageType::pull);
+  EXPECT_EQ(rv::type_of(rv::Data{}), MessageType::data);
+  EXPECT_EQ(rv::type_of(rv::Renew{}), MessageType::renew);
+  EXPECT_EQ(rv::type_of(rv::Renewed{}), MessageType::renewed);
+  EXPECT_EQ(rv::type_of(rv::Release{}), MessageType::release);
+  EXPECT_EQ(rv::type_of(rv::Released{}), MessageType::released);
+  EXPECT_EQ(rv::type_of(rv::ErrorReply{}), MessageType::error);
+  for (const auto& frame : samples()) {
+    EXPECT_EQ(static_cast<std::uint8_t>(rv::encode_frame(frame)[4]),
+              static_cast<std::uint8_t>(rv::type_of(frame.message)));
+  }
+}
+
+TEST(FrameLayout, ChunkedReasonNames) {
+  EXPECT_EQ(rv::to_string(rv::ChunkedReason::budget), "budget");
+  EXPECT_EQ(rv::to_string(rv::ChunkedReason::not_configured), "not_configured");
+  EXPECT_EQ(rv::to_string(rv::ChunkedReason::below_threshold), "below_threshold");
+  EXPECT_EQ(rv::to_string(rv::ChunkedReason::draining), "draining");
+  EXPECT_EQ(rv::to_string(rv::ChunkedReason::no_offer), "no_offer");
+  EXPECT_EQ(rv::to_string(rv::ChunkedReason::backend_mismatch), "backend_mismatch");
+  EXPECT_EQ(rv::to_string(rv::ChunkedReason::registration_failed), "registration_failed");
+  EXPECT_EQ(rv::to_string(static_cast<rv::ChunkedReason>(0)), "unknown");
+}
+
+// ---- round trips -------------------------------------------------------------------
+
+TEST(FrameRoundTrip, EveryMessageType) {
+  std::vector<bool> seen(14, false);
+  for (const auto& frame : samples()) {
+    EXPECT_TRUE(round_trips(frame)) << "request " << frame.request_id;
+    seen.at(static_cast<std::size_t>(rv::type_of(frame.message))) = true;
+  }
+  for (std::size_t type = 1; type < seen.size(); ++type) EXPECT_TRUE(seen[type]) << "type " << type;
+}
+
+TEST(FrameRoundTrip, LargestFields) {
+  EXPECT_TRUE(round_trips({1, rv::Hello{rv::protocol_version, BackendKind::test, blob(corma::max_peer_blob_size)}}));
+  EXPECT_TRUE(round_trips({2, rv::HelloOk{rv::protocol_version, BackendKind::ucx, blob(corma::max_peer_blob_size),
+                                          std::numeric_limits<std::uint32_t>::max()}}));
+  EXPECT_TRUE(round_trips({3, rv::Acquire{std::string(rv::max_name_length, 'n'), true}}));
+  EXPECT_TRUE(round_trips({4, rv::RdmaGrant{std::numeric_limits<std::uint64_t>::max(),
+                                            std::numeric_limits<std::uint64_t>::max(),
+                                            std::numeric_limits<std::uint32_t>::max(),
+                                            descriptor_bytes(corma::max_packed_key_size)}}));
+  EXPECT_TRUE(round_trips({5, rv::Chunked{1, 2, std::numeric_limits<std::uint32_t>::max(), 4,
+                                          rv::ChunkedReason::draining}}));
+  EXPECT_TRUE(round_trips({6, rv::Pull{1, std::numeric_limits<std::uint64_t>::max(),
+                                       std::numeric_limits<std::uint32_t>::max()}}));
+  EXPECT_TRUE(round_trips({7, rv::Data{1, blob(1 << 20)}}));
+  EXPECT_TRUE(round_trips({8, rv::ErrorReply{std::numeric_limits<std::uint16_t>::max(),
+                                             std::string(rv::max_detail_length, 'd')}}));
+}
+
+TEST(FrameRoundTrip, EveryChunkedReason) {
+  for (std::uint8_t r = 1; r <= 7; ++r) {
+    EXPECT_TRUE(round_trips({r, rv::Chunked{1, 2, 3, 4, static_cast<rv::ChunkedReason>(r)}})) << int{r};
+  }
+}
+
+TEST(FrameRoundTrip, GrantedDescriptorDecodes) {
+  const auto bytes = rv::encode_frame({1, rv::RdmaGrant{1, 2, 3, descriptor_bytes(33)}});
+  auto frame = rv::decode_frame_body(std::span(bytes).subspan(4));
+  ASSERT_TRUE(frame) << frame.error().message();
+  const auto& grant = std::get<rv::RdmaGrant>(frame.value().message);
+  auto descriptor = corma::decode_descriptor(grant.descriptor);
+  ASSERT_TRUE(descriptor) << descriptor.error().message();
+  EXPECT_EQ(descriptor.value().packed_key, blob(33));
+}
+
+TEST(FrameEncode, LengthThatDoesNotFitItsFieldThrows) {
+  EXPECT_THROW((void)rv::encode_frame({1, rv::Acquire{std::string(70000, 'n'), false}}), std::length_error);
+  EXPECT_THROW((void)rv::encode_frame({1, rv::ErrorReply{1, std::string(70000, 'd')}}), std::length_error);
+}
+
+// ---- the length prefix -----------------------------------------------------------
+
+TEST(FrameLength, AcceptsTheBounds) {
+  std::vector<std::byte> prefix(4);
+  put_le(prefix, 0, rv::frame_fixed_body, 4);
+  EXPECT_EQ(rv::decode_frame_length(prefix, 100).value(), rv::frame_fixed_body);
+  put_le(prefix, 0, 100, 4);
+  EXPECT_EQ(rv::decode_frame_length(prefix, 100).value(), 100U);
+}
+
+TEST(FrameLength, RefusesABodyShorterThanTheFixedHeader) {
+  std::vector<std::byte> prefix(4);
+  for (std::uint32_t body = 0; body < rv::frame_fixed_body; ++body) {
+    put_le(prefix, 0, body, 4);
+    auto length = rv::decode_frame_length(prefix, rv::default_max_frame_body);
+    ASSERT_FALSE(length) << body;
+    EXPECT_TRUE(length.error().is(errc::protocol)) << length.error().message();
+  }
+}
+
+TEST(FrameLength, RefusesABodyOverTheMaximum) {
+  std::vector<std::byte> prefix(4);
+  put_le(prefix, 0, 101, 4);
+  auto length = rv::decode_frame_length(prefix, 100);
+  ASSERT_FALSE(length);
+  EXPECT_TRUE(length.error().is(errc::protocol)) << length.error().message();
+  put_le(prefix, 0, 0xffffffffU, 4);
+  length = rv::decode_frame_length(prefix, rv::default_max_frame_body);
+  ASSERT_FALSE(length);
+  EXPECT_TRUE(length.error().is(errc::protocol)) << length.error().message();
+}
+
+TEST(FrameLength, RefusesAShortPrefix) {
+  const std::vector<std::byte> prefix(3, std::byte{0x20});
+  auto length = rv::decode_frame_length(prefix, rv::default_max_frame_body);
+  ASSERT_FALSE(length);
+  EXPECT_TRUE(length.error().is(errc::protocol)) << length.error().message();
+}
+
+// ---- the fixed header --------------------------------------------------------------
+
+TEST(FrameRefusal, UnknownType) {
+  for (std::uint8_t type : {0, 14, 200, 255}) {
+    EXPECT_TRUE(refused(header(type))) << int{type};
+  }
+}
+
+TEST(FrameRefusal, NonZeroReservedByte) {
+  auto body = body_of({1, rv::NotFound{}});
+  put_le(body, 1, 1, 1);
+  EXPECT_TRUE(refused(body));
+}
+
+TEST(FrameRefusal, NonZeroReservedWord) {
+  for (std::size_t at : {2, 3}) {
+    auto body = body_of({1, rv::Released{}});
+    put_le(body, at, 0x80, 1);
+    EXPECT_TRUE(refused(body)) << at;
+  }
+}
+
+TEST(FrameRefusal, ShortFixedHeader) {
+  const auto body = body_of({1, rv::NotFound{}});
+  ASSERT_EQ(body.size(), rv::frame_fixed_body);
+  for (std::size_t n = 0; n < body.size(); ++n) {
+    EXPECT_TRUE(refused(std::span(body).first(n))) << n;
+  }
+}
+
+TEST(FrameRefusal, TrailingBytesAfterEveryType) {
+  for (const auto& frame : samples()) {
+    if (std::holds_alternative<rv::Data>(frame.message)) continue;  // its length must match; see below
+    auto body = body_of(frame);
+    body.push_back(std::byte{0});
+    EXPECT_TRUE(refused(body)) << "request " << frame.request_id;
+  }
+}
+
+// ---- hello / hello_ok ----------------------------------------------------------------
+
+TEST(FrameRefusal, HelloUnknownBackend) {
+  auto body = body_of({1, rv::Hello{rv::protocol_version, BackendKind::ucx, blob(4)}});
+  put_le(body, payload_at + 2, 4, 1);
+  EXPECT_TRUE(refused(body));
+}
+
+TEST(FrameRefusal, HelloOfferOverTheMaximum) {
+  // The whole offer is there: its size alone is refused.
+  auto body = body_of({1, rv::Hello{rv::protocol_version, BackendKind::ucx, blob(corma::max_peer_blob_size + 1)}});
+  EXPECT_TRUE(refused(body));
+}
+
+TEST(FrameRefusal, HelloOfferWithoutBackend) {
+  auto body = body_of({1, rv::Hello{rv::protocol_version, BackendKind::ucx, blob(4)}});
+  put_le(body, payload_at + 2, 0, 1);
+  EXPECT_TRUE(refused(body));
+}
+
+TEST(FrameRefusal, HelloOfferRunningPastTheEnd) {
+  auto body = body_of({1, rv::Hello{rv::protocol_version, BackendKind::ucx, blob(4)}});
+  put_le(body, payload_at + 3, 5, 4);
+  EXPECT_TRUE(refused(body));
+}
+
+TEST(FrameRefusal, HelloOkUnknownBackend) {
+  auto body = body_of({1, rv::HelloOk{rv::protocol_version, BackendKind::ucx, blob(4), 100}});
+  put_le(body, payload_at + 2, 9, 1);
+  EXPECT_TRUE(refused(body));
+}
+
+TEST(FrameRefusal, HelloOkAnswerOverTheMaximum) {
+  auto body = body_of({1, rv::HelloOk{rv::protocol_version, BackendKind::ucx, blob(corma::max_peer_blob_size + 1), 100}});
+  EXPECT_TRUE(refused(body));
+}
+
+TEST(FrameRefusal, HelloOkAnswerWithoutBackend) {
+  auto body = body_of({1, rv::HelloOk{rv::protocol_version, BackendKind::ucx, blob(4), 100}});
+  put_le(body, payload_at + 2, 0, 1);
+  EXPECT_TRUE(refused(body));
+}
+
+TEST(FrameRefusal, HelloOkMissingMaxFrameBody) {
+  auto body = body_of({1, rv::HelloOk{rv::protocol_version, std::nullopt, {}, 100}});
+  body.resize(body.size() - 4);
+  EXPECT_TRUE(refused(body));
+}
+
+// ---- acquire -----------------------------------------------------------------------
+
+TEST(FrameRefusal, AcquireEmptyName) {
+  auto body = header(static_cast<std::uint8_t>(MessageType::acquire));
+  append_le(body, 0, 2);
+  append_le(body, 1, 1);
+  EXPECT_TRUE(refused(body));
+}
+
+TEST(FrameRefusal, AcquireNameOverTheMaximum) {
+  auto body = header(static_cast<std::uint8_t>(MessageType::acquire));
+  append_le(body, rv::max_name_length + 1, 2);
+  body.insert(body.end(), rv::max_name_length + 1, std::byte{'n'});
+  append_le(body, 1, 1);
+  EXPECT_TRUE(refused(body));
+}
+
+TEST(FrameRefusal, AcquireWantsRdmaNotABool) {
+  for (std::uint8_t wants : {2, 0x80, 0xff}) {
+    auto body = body_of({1, rv::Acquire{"obj", true}});
+    put_le(body, body.size() - 1, wants, 1);
+    EXPECT_TRUE(refused(body)) << int{wants};
+  }
+}
+
+// ---- rdma_grant ----------------------------------------------------------------------
+
+TEST(FrameRefusal, RdmaGrantEmptyDescriptor) {
+  auto body = body_of({1, rv::RdmaGrant{1, 2, 3, {}}});
+  EXPECT_TRUE(refused(body));
+}
+
+TEST(FrameRefusal, RdmaGrantDescriptorOverTheMaximum) {
+  const auto too_long = corma::Descriptor::header_size + corma::max_packed_key_size + 1;
+  auto body = body_of({1, rv::RdmaGrant{1, 2, 3, blob(too_long)}});
+  EXPECT_TRUE(refused(body));
+}
+
+// ---- chunked -------------------------------------------------------------------------
+
+TEST(FrameRefusal, ChunkedZeroChunkSize) {
+  auto body = body_of({1, rv::Chunked{1, 2, 3, 4, rv::ChunkedReason::budget}});
+  put_le(body, payload_at + 16, 0, 4);
+  EXPECT_TRUE(refused(body));
+}
+
+TEST(FrameRefusal, ChunkedUnknownReason) {
+  for (std::uint8_t reason : {0, 8, 255}) {
+    auto body = body_of({1, rv::Chunked{1, 2, 3, 4, rv::ChunkedReason::budget}});
+    put_le(body, payload_at + 24, reason, 1);
+    EXPECT_TRUE(refused(body)) << int{reason};
+  }
+}
+
+// ---- pull / data ---------------------------------------------------------------------
+
+TEST(FrameRefusal, PullOfZeroBytes) {
+  auto body = body_of({1, rv::Pull{1, 2, 3}});
+  put_le(body, payload_at + 16, 0, 4);
+  EXPECT_TRUE(refused(body));
+}
+
+TEST(FrameRefusal, DataLengthLongerThanTheBytes) {
+  auto body = body_of({1, rv::Data{0, blob(10)}});
+  put_le(body, payload_at + 8, 11, 4);
+  EXPECT_TRUE(refused(body));
+}
+
+TEST(FrameRefusal, DataLengthShorterThanTheBytes) {
+  auto body = body_of({1, rv::Data{0, blob(10)}});
+  put_le(body, payload_at + 8, 9, 4);
+  EXPECT_TRUE(refused(body));
+}
+
+TEST(FrameRefusal, DataTrailingBytes) {
+  auto body = body_of({1, rv::Data{0, blob(10)}});
+  body.push_back(std::byte{0});
+  EXPECT_TRUE(refused(body));
+}
+
+// ---- error ---------------------------------------------------------------------------
+
+TEST(FrameRefusal, ErrorDetailOverTheMaximum) {
+  auto body = body_of({1, rv::ErrorReply{1, std::string(rv::max_detail_length + 1, 'd')}});
+  EXPECT_TRUE(refused(body));
+}
+
+TEST(FrameRefusal, ErrorDetailRunningPastTheEnd) {
+  auto body = body_of({1, rv::ErrorReply{1, "abc"}});
+  put_le(body, payload_at + 2, 4, 2);
+  EXPECT_TRUE(refused(body));
+}
+
+// ---- hostile inputs in bulk ----------------------------------------------------------
+
+TEST(FrameHostile, EveryTruncationIsRefused) {
+  auto frames = samples();
+  frames.push_back({99, rv::Hello{rv::protocol_version, BackendKind::test, blob(300)}});
+  frames.push_back({99, rv::RdmaGrant{1, 2, 3, descriptor_bytes(corma::max_packed_key_size)}});
+  for (const auto& frame : frames) {
+    const auto bytes = rv::encode_frame(frame);
+    const auto body = std::span(bytes).subspan(4);
+    for (std::size_t n = 0; n < body.size(); ++n) {
+      ASSERT_TRUE(refused(body.first(n))) << "request " << frame.request_id << ", body prefix of " << n;
+    }
+    for (std::size_t n = 0; n < bytes.size(); ++n) {
+      const auto check = corma::fuzz::check_frame(std::span(bytes).first(n));
+      ASSERT_FALSE(check.accepted) << "request " << frame.request_id << ", frame prefix of " << n;
+      ASSERT_TRUE(check.mismatch.empty()) << check.mismatch;
+    }
+  }
+}
+
+TEST(FrameHostile, EverySingleByteChangeIsRefusedOrConsistent) {
+  // Every byte of the small samples: the frame header and every fixed
+  // payload field (blobs are short here).
+  std::size_t accepted = 0;
+  std::size_t refused_count = 0;
+  for (const auto& frame : samples()) {
+    const auto original = rv::encode_frame(frame);
+    for (std::size_t at = 0; at < original.size(); ++at) {
+      for (unsigned value = 0; value < 256; ++value) {
+        auto bytes = original;
+        bytes[at] = static_cast<std::byte>(value);
+        const auto check = corma::fuzz::check_frame(bytes);
+        ASSERT_TRUE(check.mismatch.empty())
+            << "request " << frame.request_id << ", byte " << at << " = " << value << ": " << check.mismatch;
+        if (check.accepted) {
+          ++accepted;
+        } else {
+          ++refused_count;
+        }
+      }
+    }
+  }
+  EXPECT_GT(accepted, 0U);
+  EXPECT_GT(refused_count, 0U);
+}
+
+TEST(FrameHostile, ChangedHeaderBytesAreRefusedExactlyWhereTheLayoutSaysSo) {
+  const auto original = rv::encode_frame({5, rv::Renew{77}});
+  for (std::size_t at = 0; at < rv::frame_header_size; ++at) {
+    for (unsigned value = 0; value < 256; ++value) {
+      if (static_cast<std::byte>(value) == original[at]) continue;
+      auto bytes = original;
+      bytes[at] = static_cast<std::byte>(value);
+      const auto check = corma::fuzz::check_frame(bytes);
+      ASSERT_TRUE(check.mismatch.empty()) << check.mismatch;
+      // Only the request id is free; a changed length makes the frame
+      // disagree with its body, a changed type leaves an 8-byte payload that
+      // only a release (the same layout) accepts.
+      const bool free_byte = at >= 8;
+      const bool release = at == 4 && value == static_cast<unsigned>(MessageType::release);
+      EXPECT_EQ(check.accepted, free_byte || release) << "byte " << at << " = " << value;
+    }
+  }
+}
+
+}  // namespace

@@ -1,0 +1,322 @@
+// Owner and Consumer over loopback TCP, with the in-process test backend:
+// the fallback rules, leases, and what a hostile client gets.
+#include "support/run.hpp"
+#include "support/test_backend.hpp"
+
+#include <corma/consumer.hpp>
+#include <corma/owner.hpp>
+
+#include "rendezvous/framed_connection.hpp"
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstring>
+#include <numeric>
+
+namespace {
+
+namespace asio = boost::asio;
+namespace rv = corma::rendezvous;
+using corma::Consumer;
+using corma::errc;
+using corma::Owner;
+using corma::Path;
+using corma::Registry;
+using corma::testing::TestBackend;
+using corma::testing::TestBackendFaults;
+
+std::vector<std::byte> pattern(std::size_t size, unsigned seed) {
+  std::vector<std::byte> bytes(size);
+  for (std::size_t i = 0; i < size; ++i) bytes[i] = static_cast<std::byte>((i * 131 + seed) % 251);
+  return bytes;
+}
+
+class Rendezvous : public ::testing::Test {
+ protected:
+  asio::io_context io;
+  std::shared_ptr<TestBackend> owner_backend = TestBackend::create();
+  std::shared_ptr<TestBackend> consumer_backend = TestBackend::create();
+  std::shared_ptr<Registry> owner_registry;
+  std::shared_ptr<Registry> consumer_registry =
+      std::make_shared<Registry>(consumer_backend, corma::RegistryConfig{1 << 30, 0});
+  std::unique_ptr<Owner> owner;
+  asio::ip::tcp::acceptor acceptor{io, asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0)};
+  std::vector<std::byte> big = pattern(1 << 20, 1);
+  std::vector<std::byte> small = pattern(1000, 2);
+
+  void start_owner(std::uint64_t budget = 64 << 20, corma::OwnerConfig config = {}) {
+    owner_registry = std::make_shared<Registry>(owner_backend, corma::RegistryConfig{budget, 0});
+    owner = std::make_unique<Owner>(io.get_executor(), owner_registry, config);
+    owner->publish("big", corma::PublishedObject{big, nullptr});
+    owner->publish("small", corma::PublishedObject{small, nullptr});
+    asio::co_spawn(io, owner->serve(acceptor), asio::detached);
+  }
+
+  asio::awaitable<corma::Result<std::unique_ptr<Consumer>>> connect(std::shared_ptr<Registry> registry) {
+    co_return co_await Consumer::connect(io.get_executor(), acceptor.local_endpoint(), std::move(registry));
+  }
+
+  void TearDown() override {
+    if (owner) owner->stop();
+    acceptor.close();
+    io.run_for(std::chrono::seconds(2));
+  }
+};
+
+TEST_F(Rendezvous, LargeObjectGoesOverRdmaAndSmallOneInChunks) {
+  start_owner();
+  corma::testing::run(io, [&]() -> asio::awaitable<void> {
+    auto consumer = (co_await connect(consumer_registry)).value();
+    EXPECT_TRUE(consumer->rdma_ready());
+    auto fetched = co_await consumer->async_fetch("big");
+    EXPECT_TRUE(fetched) << fetched.error().message();
+    EXPECT_EQ(fetched.value().path, Path::rdma);
+    EXPECT_EQ(std::memcmp(fetched.value().data.data(), big.data(), big.size()), 0);
+    auto little = co_await consumer->async_fetch("small");
+    EXPECT_EQ(little.value().path, Path::chunked);
+    EXPECT_EQ(little.value().reason, "below_threshold");
+    EXPECT_EQ(std::memcmp(little.value().data.data(), small.data(), small.size()), 0);
+    auto missing = co_await consumer->async_fetch("nope");
+    EXPECT_TRUE(missing.error().is(errc::region_not_found));
+  }());
+  const auto stats = owner->stats();
+  EXPECT_EQ(stats.decisions.rdma, 1u);
+  EXPECT_EQ(stats.decisions.chunked_by_reason.at("below_threshold"), 1u);
+  EXPECT_EQ(stats.not_found, 1u);
+  EXPECT_EQ(stats.live_leases, 0u) << "every lease is released";
+}
+
+TEST_F(Rendezvous, SpentBudgetFallsBackToChunksWithReasonBudget) {
+  start_owner(64 << 10);  // smaller than "big"
+  corma::testing::run(io, [&]() -> asio::awaitable<void> {
+    auto consumer = (co_await connect(consumer_registry)).value();
+    auto fetched = co_await consumer->async_fetch("big");
+    EXPECT_EQ(fetched.value().path, Path::chunked);
+    EXPECT_EQ(fetched.value().reason, "budget");
+    EXPECT_FALSE(fetched.value().fell_back);
+    EXPECT_EQ(std::memcmp(fetched.value().data.data(), big.data(), big.size()), 0);
+  }());
+  EXPECT_EQ(owner->stats().decisions.chunked_by_reason.at("budget"), 1u);
+}
+
+TEST_F(Rendezvous, ConsumerWithoutAnOfferGetsChunks) {
+  start_owner();
+  corma::testing::run(io, [&]() -> asio::awaitable<void> {
+    auto consumer = (co_await connect(nullptr)).value();
+    EXPECT_FALSE(consumer->rdma_ready());
+    auto fetched = co_await consumer->async_fetch("big");
+    EXPECT_EQ(fetched.value().path, Path::chunked);
+    EXPECT_EQ(fetched.value().reason, "no_offer");
+    EXPECT_EQ(std::memcmp(fetched.value().data.data(), big.data(), big.size()), 0);
+  }());
+}
+
+TEST_F(Rendezvous, FailedGetFallsBackExactlyOnce) {
+  start_owner();
+  consumer_backend->set_faults(TestBackendFaults{.fail_transfers = true});
+  corma::testing::run(io, [&]() -> asio::awaitable<void> {
+    auto consumer = (co_await connect(consumer_registry)).value();
+    auto fetched = co_await consumer->async_fetch("big");
+    EXPECT_TRUE(fetched) << fetched.error().message();
+    EXPECT_EQ(fetched.value().path, Path::chunked);
+    EXPECT_TRUE(fetched.value().fell_back);
+    EXPECT_NE(fetched.value().reason.find("rdma failed"), std::string::npos) << fetched.value().reason;
+    EXPECT_EQ(std::memcmp(fetched.value().data.data(), big.data(), big.size()), 0);
+    EXPECT_EQ(consumer->stats().fallbacks, 1u);
+  }());
+  EXPECT_EQ(owner->stats().decisions.rdma, 1u) << "one grant, one fallback, no second acquire";
+  EXPECT_EQ(owner->stats().live_leases, 0u);
+  EXPECT_EQ(consumer_registry->stats().registered_bytes, 0u) << "the destination registration is gone";
+}
+
+TEST_F(Rendezvous, RenewCarriesASlowTransferPastSeveralDeadlines) {
+  start_owner(64 << 20, corma::OwnerConfig{.lease_timeout = std::chrono::milliseconds(120),
+                                           .reap_interval = std::chrono::milliseconds(10)});
+  consumer_backend->set_faults(TestBackendFaults{.transfer_delay = std::chrono::milliseconds(600)});
+  corma::testing::run(io, [&]() -> asio::awaitable<void> {
+    auto consumer = (co_await connect(consumer_registry)).value();
+    auto fetched = co_await consumer->async_fetch("big");
+    EXPECT_EQ(fetched.value().path, Path::rdma);
+    EXPECT_GE(consumer->stats().renewals, 4u);
+  }());
+  EXPECT_EQ(owner->stats().leases_expired, 0u);
+}
+
+// ---- a raw client speaking the protocol ----
+
+struct RawClient {
+  std::unique_ptr<rv::FramedConnection> connection;
+  std::uint64_t next = 1;
+
+  static asio::awaitable<RawClient> connect(asio::ip::tcp::endpoint endpoint) {
+    asio::ip::tcp::socket socket(co_await asio::this_coro::executor);
+    co_await socket.async_connect(endpoint, asio::use_awaitable);
+    RawClient client;
+    client.connection = std::make_unique<rv::FramedConnection>(std::move(socket), rv::default_max_frame_body);
+    co_return client;
+  }
+
+  asio::awaitable<corma::Result<rv::Message>> ask(rv::Message message) {
+    rv::Frame frame{next++, std::move(message)};
+    auto written = co_await connection->write(frame, std::chrono::seconds(5));
+    if (!written) co_return std::move(written).error();
+    auto reply = co_await connection->read(std::chrono::seconds(5));
+    if (!reply) co_return std::move(reply).error();
+    co_return std::move(reply.value().message);
+  }
+};
+
+/// Builds the request outside the co_await expression: g++ 12 destroys
+/// braced temporaries inside co_await expressions twice.
+template <class T>
+rv::Message message(T&& body) {
+  return rv::Message(std::forward<T>(body));
+}
+
+bool is_error(const corma::Result<rv::Message>& reply, errc code) {
+  auto* error = reply ? std::get_if<rv::ErrorReply>(&reply.value()) : nullptr;
+  return error != nullptr && error->code == static_cast<std::uint16_t>(code);
+}
+
+TEST_F(Rendezvous, ReaperFreesAnAbandonedLease) {
+  start_owner(64 << 20, corma::OwnerConfig{.lease_timeout = std::chrono::milliseconds(50),
+                                           .reap_interval = std::chrono::milliseconds(10)});
+  std::optional<RawClient> client;
+  corma::testing::run(io, [&]() -> asio::awaitable<void> {
+    client = co_await RawClient::connect(acceptor.local_endpoint());
+    auto request1 = message(rv::Hello{});
+    auto hello = co_await client->ask(std::move(request1));
+    EXPECT_TRUE(hello && std::holds_alternative<rv::HelloOk>(hello.value()));
+    auto request2 = message(rv::Acquire{"big", false});
+    auto acquired = co_await client->ask(std::move(request2));
+    EXPECT_TRUE(acquired && std::holds_alternative<rv::Chunked>(acquired.value()));
+  }());
+  EXPECT_EQ(owner->stats().live_leases, 1u);
+  // The client stays connected and silent; only the reaper can free it.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (owner->stats().leases_expired == 0 && std::chrono::steady_clock::now() < deadline) {
+    io.run_one_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(owner->stats().leases_expired, 1u);
+  EXPECT_EQ(owner->stats().live_leases, 0u);
+  // A read of the region that has gone is refused.
+  corma::testing::run(io, [&]() -> asio::awaitable<void> {
+    auto request3 = message(rv::Pull{1, 0, 16});
+    auto pulled = co_await client->ask(std::move(request3));
+    EXPECT_TRUE(is_error(pulled, errc::region_not_found));
+  }());
+}
+
+/// An owner that grants RDMA with a broken descriptor, then serves pulls.
+asio::awaitable<int> lying_owner(asio::ip::tcp::acceptor& acceptor, std::shared_ptr<TestBackend> backend,
+                                 const std::vector<std::byte>& object, std::vector<std::byte> descriptor) {
+  auto socket = co_await acceptor.async_accept(asio::use_awaitable);
+  rv::FramedConnection connection(std::move(socket), rv::default_max_frame_body);
+  int acquires = 0;
+  for (;;) {
+    auto frame = co_await connection.read(std::chrono::seconds(5));
+    if (!frame) co_return acquires;
+    rv::Message reply = rv::Released{};
+    auto& message = frame.value().message;
+    if (auto* hello = std::get_if<rv::Hello>(&message)) {
+      auto answer = co_await backend->async_peer_accept(hello->peer_offer, asio::use_awaitable);
+      reply = rv::HelloOk{rv::protocol_version, corma::BackendKind::test, answer.value().blob,
+                          rv::default_max_frame_body};
+    } else if (std::holds_alternative<rv::Acquire>(message)) {
+      ++acquires;
+      reply = rv::RdmaGrant{7, object.size(), 10000, descriptor};
+    } else if (auto* pull = std::get_if<rv::Pull>(&message)) {
+      reply = rv::Data{pull->offset, std::vector<std::byte>(object.begin() + static_cast<long>(pull->offset),
+                                                            object.begin() + static_cast<long>(pull->offset + pull->len))};
+    }
+    rv::Frame response{frame.value().request_id, std::move(reply)};
+    co_await connection.write(response, std::chrono::seconds(5));
+  }
+}
+
+TEST_F(Rendezvous, MalformedDescriptorsFallBackExactlyOnce) {
+  auto valid = corma::encode(corma::Descriptor{corma::BackendKind::test, 1, 0x1000, big.size(), corma::PackedKey(40)});
+  auto wrong_length = corma::encode(corma::Descriptor{corma::BackendKind::test, 1, 0x1000, 5, corma::PackedKey(40)});
+  auto trailing = valid;
+  trailing.push_back(std::byte{1});
+  for (const auto& descriptor : {std::vector<std::byte>(13, std::byte{0xFF}), wrong_length, trailing}) {
+    int acquires = -1;
+    asio::co_spawn(io, lying_owner(acceptor, owner_backend, big, descriptor),
+                   [&](std::exception_ptr, int n) { acquires = n; });
+    corma::testing::run(io, [&]() -> asio::awaitable<void> {
+      auto consumer = (co_await connect(consumer_registry)).value();
+      auto fetched = co_await consumer->async_fetch("big");
+      EXPECT_TRUE(fetched) << fetched.error().message();
+      EXPECT_EQ(fetched.value().path, Path::chunked);
+      EXPECT_TRUE(fetched.value().fell_back);
+      EXPECT_EQ(std::memcmp(fetched.value().data.data(), big.data(), big.size()), 0);
+      EXPECT_EQ(consumer->stats().fallbacks, 1u);
+    }());
+    io.restart();
+    io.run_for(std::chrono::seconds(2));  // the lying owner sees the consumer go
+    EXPECT_EQ(acquires, 1) << "one acquire, no second attempt";
+  }
+}
+
+TEST_F(Rendezvous, HostileClientsAreRefusedAndOthersKeepBeingServed) {
+  start_owner();
+  corma::testing::run(io, [&]() -> asio::awaitable<void> {
+    // Garbage bytes: the connection is closed.
+    {
+      asio::ip::tcp::socket socket(io);
+      co_await socket.async_connect(acceptor.local_endpoint(), asio::use_awaitable);
+      std::vector<std::byte> garbage(64, std::byte{0x5A});
+      co_await asio::async_write(socket, asio::buffer(garbage), asio::use_awaitable);
+      std::array<std::byte, 16> sink{};
+      auto [ec, n] = co_await socket.async_read_some(asio::buffer(sink), asio::as_tuple(asio::use_awaitable));
+      EXPECT_TRUE(ec) << "the owner must close a connection that sends garbage";
+    }
+    // An oversized length prefix: refused before anything is read.
+    {
+      asio::ip::tcp::socket socket(io);
+      co_await socket.async_connect(acceptor.local_endpoint(), asio::use_awaitable);
+      const std::uint32_t huge = 0x7fffffff;
+      co_await asio::async_write(socket, asio::buffer(&huge, sizeof huge), asio::use_awaitable);
+      std::array<std::byte, 16> sink{};
+      auto [ec, n] = co_await socket.async_read_some(asio::buffer(sink), asio::as_tuple(asio::use_awaitable));
+      EXPECT_TRUE(ec);
+    }
+    // Forged and out-of-range pulls on a real connection.
+    auto client = co_await RawClient::connect(acceptor.local_endpoint());
+    auto request4 = message(rv::Hello{});
+    EXPECT_TRUE(co_await client.ask(std::move(request4)));
+    auto request5 = message(rv::Pull{424242, 0, 16});
+    EXPECT_TRUE(is_error(co_await client.ask(std::move(request5)), errc::region_not_found));
+    auto request6 = message(rv::Acquire{"small", false});
+    auto acquired = co_await client.ask(std::move(request6));
+    const auto lease = std::get<rv::Chunked>(acquired.value()).lease;
+    auto request7 = message(rv::Pull{lease, 990, 11});
+    EXPECT_TRUE(is_error(co_await client.ask(std::move(request7)), errc::out_of_range));
+    auto request8 = message(rv::Pull{lease, ~std::uint64_t{0} - 4, 16});
+    EXPECT_TRUE(is_error(co_await client.ask(std::move(request8)), errc::out_of_range));
+    auto request9 = message(rv::Pull{lease, 990, 10});
+    auto inside = co_await client.ask(std::move(request9));
+    EXPECT_EQ(std::get<rv::Data>(inside.value()).bytes.size(), 10u);
+    // An owner-side message from a client ends the connection.
+    auto request10 = message(rv::Data{0, {}});
+    auto hostile = co_await client.ask(std::move(request10));
+    EXPECT_TRUE(hostile);  // answered with an error...
+    auto request11 = message(rv::Renew{lease});
+    auto after = co_await client.ask(std::move(request11));
+    EXPECT_FALSE(after);  // ...and then the connection is gone
+
+    // Meanwhile a well-behaved consumer is served as usual.
+    auto consumer = (co_await connect(consumer_registry)).value();
+    auto fetched = co_await consumer->async_fetch("big");
+    EXPECT_TRUE(fetched) << fetched.error().message();
+  }());
+  EXPECT_GE(owner->stats().refused_requests, 5u);
+}
+
+}  // namespace
