@@ -1,0 +1,63 @@
+// The baseline: plain ucp_* calls, no corma in between. A RawWorker owns a
+// context and a single-threaded worker; whoever drives it (the benchmark's
+// own thread) is its progress thread.
+#pragma once
+
+#include <ucp/api/ucp.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace corma::bench {
+
+class RawWorker {
+ public:
+  explicit RawWorker(const std::string& tls);
+  ~RawWorker();
+  RawWorker(const RawWorker&) = delete;
+  RawWorker& operator=(const RawWorker&) = delete;
+
+  [[nodiscard]] ucp_context_h context() const noexcept { return context_; }
+  [[nodiscard]] ucp_worker_h worker() const noexcept { return worker_; }
+  [[nodiscard]] std::vector<std::byte> address() const;
+  /// An endpoint to another worker (error handling as corma configures it).
+  ucp_ep_h connect(const std::vector<std::byte>& address, bool peer_error_handling);
+  void progress_until_idle();
+
+ private:
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  std::vector<ucp_ep_h> endpoints_;
+};
+
+/// Keeps a worker progressed from its own thread (a get target).
+class RawProgressThread {
+ public:
+  explicit RawProgressThread(RawWorker& worker);
+  ~RawProgressThread();
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+/// Registered memory on a raw worker, with its packed key.
+struct RawRegion {
+  RawRegion(RawWorker& worker, void* address, std::size_t length);
+  ~RawRegion();
+  RawWorker& worker;
+  ucp_mem_h memh = nullptr;
+  std::vector<std::byte> packed_key;
+};
+
+/// `total_ops` gets of `size` bytes with `window` outstanding, driven from
+/// the calling thread; returns the elapsed seconds.
+double raw_get_loop(RawWorker& worker, ucp_ep_h ep, std::byte* local, std::uint64_t remote, ucp_rkey_h rkey,
+                    std::size_t size, std::size_t window, std::size_t total_ops,
+                    std::vector<double>* latencies_us = nullptr);
+
+}  // namespace corma::bench

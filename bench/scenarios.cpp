@@ -1,0 +1,370 @@
+// The benchmark scenarios. Each point alternates corma rounds and raw-UCX
+// rounds, so drift on this noisy machine hits both alike.
+#include "scenarios.hpp"
+
+#include "raw_ucx.hpp"
+
+#include <corma/registry.hpp>
+#include <corma/ucx.hpp>
+
+#include "support/test_backend.hpp"
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/use_future.hpp>
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+
+namespace corma::bench {
+
+namespace asio = boost::asio;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+constexpr std::size_t KiB = 1024;
+constexpr std::size_t MiB = 1024 * KiB;
+
+std::string size_name(std::size_t size) {
+  if (size >= MiB) return std::to_string(size / MiB) + "MiB";
+  if (size >= KiB) return std::to_string(size / KiB) + "KiB";
+  return std::to_string(size) + "B";
+}
+
+template <class T>
+T must(Result<T> r, const char* what) {
+  if (!r) throw std::runtime_error(std::string(what) + ": " + r.error().message());
+  return std::move(r).value();
+}
+
+ucx::Config corma_config(const std::string& transport) {
+  ucx::Config config;
+  config.transport = transport == "tcp" ? ucx::Transport::tcp : ucx::Transport::shared_memory;
+  config.error_handling = transport == "tcp" ? ucx::ErrorHandling::peer : ucx::ErrorHandling::none;
+  config.trusted_peers = true;  // the benchmark measures RMA itself
+  return config;
+}
+
+std::string raw_tls(const std::string& transport) { return transport == "tcp" ? "tcp" : "sm"; }
+
+/// A corma initiator and target connected as peers, with one exported
+/// region on the target and one local region on the initiator.
+struct CormaPair {
+  std::shared_ptr<ucx::Backend> initiator;
+  std::shared_ptr<ucx::Backend> target;
+  PeerId peer{};
+  BackendRegion remote;
+  BackendRegion local;
+
+  CormaPair(const std::string& transport, std::byte* remote_memory, std::byte* local_memory, std::size_t size) {
+    initiator = must(ucx::Backend::create(corma_config(transport)), "corma initiator");
+    target = must(ucx::Backend::create(corma_config(transport)), "corma target");
+    auto offer = must(initiator->async_peer_offer(asio::use_future).get(), "offer");
+    auto answer = must(target->async_peer_accept(offer.blob, asio::use_future).get(), "accept");
+    must(initiator->async_peer_complete(offer.peer, answer.blob, asio::use_future).get(), "complete");
+    peer = offer.peer;
+    remote = must(target->async_map(remote_memory, size, Access::remote_read_write, asio::use_future).get(), "map");
+    local = must(initiator->async_map(local_memory, size, Access::local, asio::use_future).get(), "map");
+  }
+};
+
+/// The same with plain UCX.
+struct RawPair {
+  RawWorker initiator;
+  RawWorker target;
+  ucp_ep_h ep;
+  RawRegion remote;
+  ucp_rkey_h rkey = nullptr;
+
+  std::byte* remote_memory;
+
+  RawPair(const std::string& transport, std::byte* remote_bytes, std::size_t size)
+      : initiator(raw_tls(transport)),
+        target(raw_tls(transport)),
+        ep(initiator.connect(target.address(), transport == "tcp")),
+        remote(target, remote_bytes, size),
+        remote_memory(remote_bytes) {
+    if (ucp_ep_rkey_unpack(ep, remote.packed_key.data(), &rkey) != UCS_OK) {
+      throw std::runtime_error("raw rkey unpack failed");
+    }
+  }
+  ~RawPair() { ucp_rkey_destroy(rkey); }
+};
+
+/// `total` gets of `size` with `window` outstanding through corma, chained
+/// from the completions on the progress thread. Returns seconds.
+double corma_get_loop(CormaPair& pair, std::size_t size, std::size_t window, std::size_t total,
+                      std::vector<double>* latencies_us = nullptr) {
+  struct Loop {
+    Loop(CormaPair& p, std::size_t s, std::size_t t, std::vector<double>* l) : pair(p), size(s), total(t), latencies(l) {}
+    CormaPair& pair;
+    std::size_t size, total;
+    std::vector<double>* latencies;
+    std::size_t issued = 0, completed = 0;
+    std::promise<void> done;
+    std::mutex mutex;  // completions arrive on one thread; the lock keeps the bookkeeping honest anyway
+
+    void issue() {
+      GetRequest request{pair.peer, pair.local.id, 0, pair.remote.effective_addr, size, pair.remote.packed_key};
+      const auto started = clock_type::now();
+      pair.initiator->async_get(std::move(request), [this, started](Result<void> r) {
+        if (!r) throw std::runtime_error("corma get failed: " + r.error().message());
+        bool more = false, finished = false;
+        {
+          std::lock_guard lock(mutex);
+          if (latencies != nullptr) {
+            latencies->push_back(std::chrono::duration<double, std::micro>(clock_type::now() - started).count());
+          }
+          finished = ++completed == total;
+          more = issued < total;
+          if (more) ++issued;
+        }
+        if (more) issue();
+        if (finished) done.set_value();
+      });
+    }
+  };
+  Loop loop(pair, size, total, latencies_us);
+  auto finished = loop.done.get_future();
+  const auto start = clock_type::now();
+  const std::size_t first = std::min(window, total);
+  {
+    std::lock_guard lock(loop.mutex);
+    loop.issued = first;
+  }
+  for (std::size_t i = 0; i < first; ++i) loop.issue();
+  finished.get();
+  return std::chrono::duration<double>(clock_type::now() - start).count();
+}
+
+double raw_round(RawPair& raw, std::byte* local, std::size_t size, std::size_t window, std::size_t total,
+                 std::vector<double>* latencies_us = nullptr) {
+  RawProgressThread target(raw.target);  // the target serves emulated gets only while progressed
+  return raw_get_loop(raw.initiator, raw.ep, local, reinterpret_cast<std::uint64_t>(raw.remote_memory), raw.rkey,
+                      size, window, total, latencies_us);
+}
+
+}  // namespace
+
+namespace {
+
+bool selected(const Options& options, const std::string& name) {
+  return options.only.empty() || std::find(options.only.begin(), options.only.end(), name) != options.only.end();
+}
+
+void progress(const Measurement& m) {
+  std::fprintf(stderr, "  %-22s %-4s %-22s corma %10.3f  raw %10.3f %s\n", m.scenario.c_str(), m.transport.c_str(),
+               m.params.c_str(), m.corma_median(), m.raw.empty() ? 0.0 : m.raw_median(), m.unit.c_str());
+}
+
+Measurement bandwidth(const Options& options, const std::string& transport, CormaPair& corma, RawPair& raw,
+                      std::byte* local, std::size_t size, std::size_t window) {
+  Measurement m{"get_bandwidth", transport, "size=" + size_name(size) + " window=" + std::to_string(window), "GB/s",
+                true, {}, {}, {}, true};
+  const auto round_bytes = static_cast<std::size_t>(256.0 * MiB * options.bytes_scale);
+  const std::size_t ops = std::max<std::size_t>(window * 4, round_bytes / size);
+  const double bytes = static_cast<double>(ops * size);
+  for (int r = 0; r < options.rounds; ++r) {
+    m.corma.push_back(bytes / corma_get_loop(corma, size, window, ops) / 1e9);
+    m.raw.push_back(bytes / raw_round(raw, local, size, window, ops) / 1e9);
+  }
+  if (size == MiB && window == 8) {
+    const double floor = transport == "tcp" ? 0.95 : 0.90;
+    m.target = "ratio >= " + std::to_string(floor).substr(0, 4);
+    m.target_met = m.ratio() >= floor;
+  }
+  return m;
+}
+
+Measurement latency(const Options& options, const std::string& transport, CormaPair& corma, RawPair& raw,
+                    std::byte* local) {
+  Measurement m{"get_latency", transport, "size=8B window=1", "us", false, {}, {}, {}, true};
+  const std::size_t ops = static_cast<std::size_t>(2000 * options.bytes_scale) + 100;
+  for (int r = 0; r < options.rounds; ++r) {
+    corma_get_loop(corma, 8, 1, ops, &m.corma);
+    raw_round(raw, local, 8, 1, ops, &m.raw);
+  }
+  m.target = "median <= raw + 2 us";
+  m.target_met = m.corma_median() <= m.raw_median() + 2.0;
+  return m;
+}
+
+Measurement message_rate(const Options& options, const std::string& transport, CormaPair& corma, RawPair& raw,
+                         std::byte* local) {
+  Measurement m{"small_get_rate", transport, "size=8B outstanding=64", "Mops/s", true, {}, {}, {}, true};
+  const std::size_t ops = static_cast<std::size_t>(50000 * options.bytes_scale) + 640;
+  for (int r = 0; r < options.rounds; ++r) {
+    // corma: 64 coroutines, each awaiting its own gets, on one io_context.
+    asio::io_context io(1);
+    std::size_t remaining = ops;
+    auto worker = [&]() -> asio::awaitable<void> {
+      while (remaining > 0) {
+        --remaining;
+        GetRequest request{corma.peer, corma.local.id, 0, corma.remote.effective_addr, 8, corma.remote.packed_key};
+        auto got = co_await corma.initiator->async_get(std::move(request), asio::use_awaitable);
+        if (!got) throw std::runtime_error("corma get failed: " + got.error().message());
+      }
+    };
+    const auto start = clock_type::now();
+    for (int c = 0; c < 64; ++c) asio::co_spawn(io, worker(), asio::detached);
+    io.run();
+    m.corma.push_back(static_cast<double>(ops) / std::chrono::duration<double>(clock_type::now() - start).count() / 1e6);
+    m.raw.push_back(static_cast<double>(ops) / raw_round(raw, local, 8, 64, ops) / 1e6);
+  }
+  m.target = "ratio >= 0.70";
+  m.target_met = m.ratio() >= 0.70;
+  return m;
+}
+
+Measurement registration(const Options& options, const std::string& transport, std::size_t size) {
+  Measurement m{"registration", transport, "size=" + size_name(size), "us", false, {}, {}, {}, true};
+  auto memory = OwnedBuffer::allocate(size);
+  auto backend = must(ucx::Backend::create(corma_config(transport)), "corma backend");
+  Registry registry(backend, RegistryConfig{1ULL << 34, 0});
+  RawWorker raw(raw_tls(transport));
+  const int ops = static_cast<int>(2000 * options.bytes_scale) + 50;
+  for (int r = 0; r < options.rounds; ++r) {
+    // corma: register then deregister through the Registry, chained from
+    // completions; the figure is the mean of a round.
+    std::promise<void> done;
+    int left = ops;
+    std::function<void()> next = [&] {
+      registry.async_register(memory.bytes(), Access::remote_read, [&](Result<RegionGuard> guard) {
+        if (!guard) throw std::runtime_error(guard.error().message());
+        auto owned = std::make_shared<RegionGuard>(std::move(guard).value());
+        owned->async_deregister([&, owned](Result<void> released) {
+          if (!released) throw std::runtime_error(released.error().message());
+          if (--left == 0) {
+            done.set_value();
+          } else {
+            next();
+          }
+        });
+      });
+    };
+    const auto start = clock_type::now();
+    next();
+    done.get_future().get();
+    m.corma.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - start).count() / ops);
+
+    const auto raw_start = clock_type::now();
+    for (int i = 0; i < ops; ++i) {
+      ucp_mem_map_params_t params{};
+      params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+      params.address = memory.data();
+      params.length = size;
+      ucp_mem_h memh = nullptr;
+      if (ucp_mem_map(raw.context(), &params, &memh) != UCS_OK) throw std::runtime_error("ucp_mem_map");
+      ucp_mem_unmap(raw.context(), memh);
+    }
+    m.raw.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - raw_start).count() / ops);
+  }
+  m.target = "median <= raw + 3 us";
+  m.target_met = m.corma_median() <= m.raw_median() + 3.0;
+  return m;
+}
+
+Measurement registry_bookkeeping(const Options& options, int threads) {
+  Measurement m{"registry_bookkeeping", "-", "test backend, threads=" + std::to_string(threads), "Kops/s", true,
+                {}, {}, {}, true};
+  auto backend = testing::TestBackend::create();
+  Registry registry(backend, RegistryConfig{1ULL << 34, 0});
+  const int per_thread = static_cast<int>(2000 * options.bytes_scale) + 50;
+  for (int r = 0; r < options.rounds; ++r) {
+    std::vector<std::thread> workers;
+    const auto start = clock_type::now();
+    for (int t = 0; t < threads; ++t) {
+      workers.emplace_back([&] {
+        auto memory = OwnedBuffer::allocate(4096);
+        for (int i = 0; i < per_thread; ++i) {
+          auto guard = registry.async_register(memory.bytes(), Access::remote_read, asio::use_future).get();
+          if (!guard) throw std::runtime_error(guard.error().message());
+          (void)guard.value().async_deregister(asio::use_future).get();
+        }
+      });
+    }
+    for (auto& w : workers) w.join();
+    const double seconds = std::chrono::duration<double>(clock_type::now() - start).count();
+    m.corma.push_back(static_cast<double>(per_thread * threads) / seconds / 1e3);
+  }
+  return m;
+}
+
+Measurement idle_cpu(ucx::ProgressMode mode, const char* name) {
+  Measurement m{"idle_cpu", "tcp", std::string("mode=") + name, "%core", false, {}, {}, {}, true};
+  auto config = corma_config("tcp");
+  config.progress = mode;
+  auto backend = must(ucx::Backend::create(config), "corma backend");
+  rusage before{}, after{};
+  auto cpu = [](const rusage& u) {
+    return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+           static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+  };
+  for (int r = 0; r < 3; ++r) {
+    ::getrusage(RUSAGE_SELF, &before);
+    const auto start = clock_type::now();
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the measurement window
+    ::getrusage(RUSAGE_SELF, &after);
+    const double wall = std::chrono::duration<double>(clock_type::now() - start).count();
+    m.corma.push_back(100.0 * (cpu(after) - cpu(before)) / wall);
+  }
+  if (mode != ucx::ProgressMode::busy_poll) {
+    m.target = "< 1 %core";
+    m.target_met = m.corma_median() < 1.0;
+  }
+  return m;
+}
+
+}  // namespace
+
+std::vector<Measurement> run_scenarios(const Options& options) {
+  std::vector<Measurement> results;
+  auto keep = [&](Measurement m) {
+    progress(m);
+    results.push_back(std::move(m));
+  };
+  for (const auto& transport : options.transports) {
+    std::fprintf(stderr, "transport %s\n", transport.c_str());
+    if (selected(options, "registration")) {
+      for (auto size : {4 * KiB, 1 * MiB, 64 * MiB}) keep(registration(options, transport, size));
+    }
+    const bool transfers = selected(options, "get_bandwidth") || selected(options, "get_latency") ||
+                           selected(options, "small_get_rate");
+    if (!transfers) continue;
+    constexpr std::size_t region = 16 * MiB;
+    auto remote_memory = OwnedBuffer::allocate(region);
+    auto local_memory = OwnedBuffer::allocate(region);
+    CormaPair corma(transport, remote_memory.data(), local_memory.data(), region);
+    RawPair raw(transport, remote_memory.data(), region);
+    if (selected(options, "get_bandwidth")) {
+      for (auto size : {64 * KiB, 1 * MiB, 16 * MiB}) {
+        for (std::size_t window : {1, 8}) keep(bandwidth(options, transport, corma, raw, local_memory.data(), size, window));
+      }
+    }
+    if (selected(options, "get_latency")) keep(latency(options, transport, corma, raw, local_memory.data()));
+    if (selected(options, "small_get_rate")) keep(message_rate(options, transport, corma, raw, local_memory.data()));
+  }
+  if (selected(options, "registry_bookkeeping")) {
+    for (int threads : {1, 2, 8}) keep(registry_bookkeeping(options, threads));
+  }
+  if (selected(options, "idle_cpu")) {
+    keep(idle_cpu(ucx::ProgressMode::busy_poll, "busy_poll"));
+    keep(idle_cpu(ucx::ProgressMode::adaptive, "adaptive"));
+    keep(idle_cpu(ucx::ProgressMode::event, "event"));
+  }
+  return results;
+}
+
+}  // namespace corma::bench
