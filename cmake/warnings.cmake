@@ -2,7 +2,7 @@
 function(corma_set_warnings target)
   target_compile_options(${target} PRIVATE
     -Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor -Wold-style-cast -Wcast-align
-    -Woverloaded-virtual -Wnull-dereference -Wimplicit-fallthrough
+    -Woverloaded-virtual -Wimplicit-fallthrough
     # g++ 12 reports a false mismatch on Asio's awaitable frames.
     -Wno-mismatched-new-delete
     # g++ 12 warns about std::atomic_thread_fence under TSan; Asio uses it.

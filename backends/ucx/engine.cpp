@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -93,6 +94,7 @@ Result<void> Backend::Engine::start() {
 }
 
 void Backend::Engine::tear_down() {
+  if (deadline_sweep) deadline_sweep->cancel();
   if (wake) {
     boost::system::error_code ignored;
     wake->close(ignored);
@@ -316,12 +318,37 @@ Result<void> Backend::Engine::admit_transfer(TransferOp& op) {
   if (peer->second.broken) return fail(errc::peer_unreachable, "peer is broken");
   if (peer->second.ep == nullptr) return fail(errc::peer_unreachable, "peer set-up is not complete");
   if (!rma) return fail(errc::not_configured, "RMA over software-emulated tcp needs trusted_peers");
-  CORMA_TRY(auto key, wire::decode_key(req.packed_key, local_md_map));
-  if (req.remote_addr < key.addr) return fail(errc::out_of_range, "remote address below the key's range");
-  CORMA_TRY(validate_slice(req.remote_addr - key.addr, req.len, key.len));
-  if (auto st = ucp_ep_rkey_unpack(peer->second.ep, key.rkey.data(), &op.rkey); st != UCS_OK) {
+  auto& keys = peer->second.keys;
+  auto cached = keys.find(req.packed_key);
+  CachedKey key;
+  if (cached != keys.end()) {
+    key = cached->second;
+  } else {
+    CORMA_TRY(auto decoded, wire::decode_key(req.packed_key, local_md_map));
+    key.addr = decoded.addr;
+    key.len = decoded.len;
+    if (auto st = ucp_ep_rkey_unpack(peer->second.ep, decoded.rkey.data(), &key.rkey); st != UCS_OK) {
+      return ucs_error(errc::invalid_key, "ucp_ep_rkey_unpack", st);
+    }
+    if (keys.size() < max_cached_keys) {
+      keys.emplace(req.packed_key, key);
+    } else {
+      op.owns_rkey = true;
+    }
+  }
+  op.rkey = key.rkey;
+  auto release_unowned = [&op] {
+    if (op.owns_rkey) ucp_rkey_destroy(op.rkey);
     op.rkey = nullptr;
-    return ucs_error(errc::invalid_key, "ucp_ep_rkey_unpack", st);
+    op.owns_rkey = false;
+  };
+  if (req.remote_addr < key.addr) {
+    release_unowned();
+    return fail(errc::out_of_range, "remote address below the key's range");
+  }
+  if (auto inside = validate_slice(req.remote_addr - key.addr, req.len, key.len); !inside) {
+    release_unowned();
+    return inside;
   }
   ++region->second.transfers;
   return success();
@@ -359,10 +386,37 @@ void Backend::Engine::run_transfer(const std::shared_ptr<TransferOp>& op) {
   }
   if (UCS_PTR_IS_ERR(handle)) return finish_transfer(op->id, UCS_PTR_STATUS(handle));
   if (handle == nullptr) return finish_transfer(op->id, UCS_OK);
-  op->deadline = std::make_unique<asio::steady_timer>(io, config.operation_timeout);
-  op->deadline->async_wait([self = shared_from_this(), id = op->id](boost::system::error_code ec) {
-    if (!ec) self->on_transfer_deadline(id);
+  op->deadline = std::chrono::steady_clock::now() + config.operation_timeout;
+  arm_deadline_sweep();
+}
+
+void Backend::Engine::arm_deadline_sweep() {
+  if (sweep_armed || torn_down) return;
+  if (!deadline_sweep) deadline_sweep.emplace(io);
+  sweep_armed = true;
+  // A quarter of the timeout: a deadline is noticed at most 25 % late.
+  const auto tick = std::clamp<std::chrono::milliseconds>(config.operation_timeout / 4, std::chrono::milliseconds(1),
+                                                          std::chrono::milliseconds(1000));
+  deadline_sweep->expires_after(tick);
+  deadline_sweep->async_wait([self = shared_from_this()](boost::system::error_code ec) {
+    self->sweep_armed = false;
+    if (!ec) self->sweep_deadlines();
   });
+}
+
+void Backend::Engine::sweep_deadlines() {
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<std::uint64_t> late;
+  for (const auto& [id, op] : transfers) {
+    if (!op->answered && op->deadline <= now) late.push_back(id);
+  }
+  for (auto id : late) on_transfer_deadline(id);
+  if (!transfers.empty()) arm_deadline_sweep();
+}
+
+void Backend::Engine::forget_keys(Peer& peer) {
+  for (auto& [bytes, key] : peer.keys) ucp_rkey_destroy(key.rkey);
+  peer.keys.clear();
 }
 
 void Backend::Engine::on_transfer_done(void* request, ucs_status_t status, void* user_data) {
@@ -379,8 +433,7 @@ void Backend::Engine::finish_transfer(std::uint64_t id, ucs_status_t status) {
   auto op = it->second;
   transfers.erase(it);
   in_flight.fetch_sub(1, std::memory_order_acq_rel);
-  if (op->deadline) op->deadline->cancel();
-  if (op->rkey != nullptr) ucp_rkey_destroy(op->rkey);
+  if (op->owns_rkey) ucp_rkey_destroy(op->rkey);
   op->rkey = nullptr;
 
   // The caller hears of its transfer before an unmap that waited for it.
@@ -417,6 +470,7 @@ void Backend::Engine::on_transfer_deadline(std::uint64_t id) {
 
 void Backend::Engine::abandon_endpoint(PeerId id, Peer& peer) {
   peer.broken = true;
+  forget_keys(peer);
   if (peer.ep == nullptr) return;
   // Forced: UCX fails whatever is still in flight on it, which unpins the
   // local regions those transfers held (an unmap may be waiting for them).
@@ -484,7 +538,9 @@ void Backend::Engine::run_peer_accept(const std::shared_ptr<ValueOp<PeerAnswer>>
   auto ep = create_endpoint(op->blob);
   if (!ep) return op->completion.dispatch(std::move(ep).error());
   const PeerId id{next_id++};
-  peers.emplace(id, Peer{ep.value(), false});
+  Peer peer;
+  peer.ep = ep.value();
+  peers.emplace(id, std::move(peer));
   op->completion.dispatch(PeerAnswer{id, wire::encode_address(own_address)});
 }
 
@@ -507,6 +563,7 @@ void Backend::Engine::run_peer_close(const std::shared_ptr<VoidOp>& op, PeerId i
   if (it == peers.end()) return answer(*op, success());  // idempotent
   ucp_ep_h ep = it->second.ep;
   const bool broken = it->second.broken;
+  forget_keys(it->second);
   peers.erase(it);
   if (ep == nullptr) return answer(*op, success());
   ucp_request_param_t param{};
@@ -544,6 +601,7 @@ void Backend::Engine::run_shutdown(const std::shared_ptr<VoidOp>& op) {
   // makes UCX fail whatever is still in flight on them).
   const bool force_all = !transfers.empty();
   for (auto& [id, peer] : peers) {
+    forget_keys(peer);
     if (peer.ep == nullptr) continue;
     ucp_request_param_t param{};
     param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
@@ -562,8 +620,7 @@ void Backend::Engine::run_shutdown(const std::shared_ptr<VoidOp>& op) {
   // Whatever UCX did not complete is answered now; the worker's destruction
   // ends it.
   for (auto& [id, transfer] : transfers) {
-    if (transfer->deadline) transfer->deadline->cancel();
-    if (transfer->rkey != nullptr) ucp_rkey_destroy(transfer->rkey);
+    if (transfer->owns_rkey) ucp_rkey_destroy(transfer->rkey);
     transfer->rkey = nullptr;
     answer(*transfer, shut_down_error);
   }

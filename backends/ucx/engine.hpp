@@ -49,9 +49,10 @@ struct TransferOp : VoidOp {
   TransferRequest request;
   std::uint64_t id = 0;
   ucp_rkey_h rkey = nullptr;
+  bool owns_rkey = false;  // false: the peer's key cache owns it
+  std::chrono::steady_clock::time_point deadline;
   ucs_status_t status = UCS_OK;
   std::vector<std::uint64_t>* finished = nullptr;  // the engine's completion list
-  std::unique_ptr<asio::steady_timer> deadline;
 };
 
 template <class T>
@@ -70,10 +71,20 @@ struct Backend::Engine : std::enable_shared_from_this<Engine> {
     bool unmapping = false;
     std::vector<std::shared_ptr<VoidOp>> unmap_waiters;
   };
+  /// A packed key that passed validation and was unpacked for one peer.
+  struct CachedKey {
+    ucp_rkey_h rkey = nullptr;
+    std::uint64_t addr = 0;
+    std::uint64_t len = 0;
+  };
   struct Peer {
     ucp_ep_h ep = nullptr;
     bool broken = false;
+    /// Keys are validated and unpacked once per peer, not per transfer.
+    std::map<PackedKey, CachedKey> keys;
   };
+  /// Beyond this many keys per peer, a key is unpacked for one transfer only.
+  static constexpr std::size_t max_cached_keys = 4096;
   struct Closing {
     void* request = nullptr;
     std::shared_ptr<VoidOp> op;        // may be empty (closed by shutdown or abandoned)
@@ -118,6 +129,10 @@ struct Backend::Engine : std::enable_shared_from_this<Engine> {
   Result<void> admit_transfer(TransferOp& op);
   void finish_transfer(std::uint64_t id, ucs_status_t status);
   void on_transfer_deadline(std::uint64_t id);
+  /// One timer for every transfer deadline, armed while transfers are pending.
+  void arm_deadline_sweep();
+  void sweep_deadlines();
+  void forget_keys(Peer& peer);
   Result<ucp_ep_h> create_endpoint(const std::vector<std::byte>& blob);
   void mark_broken(ucp_ep_h ep);
   /// Marks a peer broken and force-closes its endpoint.
@@ -165,6 +180,8 @@ struct Backend::Engine : std::enable_shared_from_this<Engine> {
   std::map<std::uint64_t, std::shared_ptr<TransferOp>> transfers;
   std::map<std::uint64_t, std::shared_ptr<MapOp>> delayed_maps;
   std::vector<std::uint64_t> finished;  // filled by UCX callbacks, drained after progress
+  std::optional<asio::steady_timer> deadline_sweep;
+  bool sweep_armed = false;
   std::vector<Closing> closing_endpoints;
   /// Transfers given up with their broken peer. UCX may still hold their
   /// requests (and call back into them), so they live until the worker dies.
