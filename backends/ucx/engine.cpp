@@ -163,6 +163,17 @@ void Backend::Engine::wait_for_events() {
 void Backend::Engine::loop() {
   using clock = std::chrono::steady_clock;
   auto last_activity = clock::now();
+  run_until_quit(last_activity);
+  // Whatever was posted before the end (cancelled timers, late commands) runs
+  // now and is answered shutting_down, so no handler outlives the loop
+  // holding the engine.
+  io.restart();
+  while (io.poll() != 0) {
+  }
+}
+
+void Backend::Engine::run_until_quit(std::chrono::steady_clock::time_point last_activity) {
+  using clock = std::chrono::steady_clock;
   while (!quitting) {
     const std::size_t ran = io.poll();
     const std::size_t progressed = progress();
@@ -229,8 +240,8 @@ void Backend::Engine::run_map(const std::shared_ptr<MapOp>& op) {
     op->id = next_id++;
     delayed_maps.emplace(op->id, op);
     op->timer = std::make_unique<asio::steady_timer>(io, delay);
-    op->timer->async_wait([self = shared_from_this(), op](boost::system::error_code ec) {
-      if (!ec) self->deliver_map(op);
+    op->timer->async_wait([this, op](boost::system::error_code ec) {
+      if (!ec) deliver_map(op);
     });
     return;
   }
@@ -250,7 +261,9 @@ void Backend::Engine::deliver_map(const std::shared_ptr<MapOp>& op) {
   op->completion.dispatch_or_rollback(
       [weak = weak_from_this(), id] {
         if (auto self = weak.lock()) {
-          asio::post(self->io, [self, id] { self->release_region(id); });
+          asio::post(self->io, [weak, id] {
+            if (auto alive = weak.lock()) alive->release_region(id);
+          });
         }
       },
       std::move(op->result));
@@ -398,9 +411,11 @@ void Backend::Engine::arm_deadline_sweep() {
   const auto tick = std::clamp<std::chrono::milliseconds>(config.operation_timeout / 4, std::chrono::milliseconds(1),
                                                           std::chrono::milliseconds(1000));
   deadline_sweep->expires_after(tick);
-  deadline_sweep->async_wait([self = shared_from_this()](boost::system::error_code ec) {
-    self->sweep_armed = false;
-    if (!ec) self->sweep_deadlines();
+  // `this`, not a shared_ptr: the handler lives in our own io_context, so
+  // a strong reference would keep the engine alive forever if the loop ended first.
+  deadline_sweep->async_wait([this](boost::system::error_code ec) {
+    sweep_armed = false;
+    if (!ec) sweep_deadlines();
   });
 }
 

@@ -97,6 +97,7 @@ struct Backend::Engine : std::enable_shared_from_this<Engine> {
   Result<void> start();
   /// The progress loop; returns once quit() has run.
   void loop();
+  void run_until_quit(std::chrono::steady_clock::time_point last_activity);
   void quit();
 
   /// Runs `command` on the progress thread, or answers `refuse` (on the
@@ -213,7 +214,11 @@ void Backend::Engine::watch_cancellation(const std::shared_ptr<Op>& op, OnCancel
     if (!target) return;
     target->cancelled.store(true, std::memory_order_release);
     if (auto engine = weak_engine.lock()) {
-      asio::post(engine->io, [engine, target, on_cancel] { on_cancel(*engine, target); });
+      // Weak inside the queue too: a message posted after the loop ended must
+      // not keep the engine (which owns the queue) alive.
+      asio::post(engine->io, [weak_engine, target, on_cancel] {
+        if (auto alive = weak_engine.lock()) on_cancel(*alive, target);
+      });
     }
   });
 }
