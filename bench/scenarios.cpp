@@ -4,6 +4,8 @@
 
 #include "raw_ucx.hpp"
 
+#include <corma/consumer.hpp>
+#include <corma/owner.hpp>
 #include <corma/registry.hpp>
 #include <corma/ucx.hpp>
 
@@ -11,7 +13,10 @@
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/write.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/use_future.hpp>
 
@@ -19,6 +24,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
+#include <optional>
 #include <cstdio>
 #include <functional>
 #include <future>
@@ -291,6 +298,90 @@ Measurement registration(const Options& options, const std::string& transport, s
   return m;
 }
 
+/// Bytes per second of a plain TCP copy over loopback: what the chunked path
+/// is compared with.
+double tcp_copy_seconds(std::size_t size, std::size_t count) {
+  asio::io_context io;
+  asio::ip::tcp::acceptor acceptor(io, {asio::ip::make_address("127.0.0.1"), 0});
+  std::vector<std::byte> bytes(size, std::byte{1});
+  std::thread server([&] {
+    auto socket = acceptor.accept();
+    for (std::size_t i = 0; i < count; ++i) asio::write(socket, asio::buffer(bytes));
+  });
+  asio::ip::tcp::socket client(io);
+  client.connect(acceptor.local_endpoint());
+  std::vector<std::byte> into(size);
+  const auto start = clock_type::now();
+  for (std::size_t i = 0; i < count; ++i) asio::read(client, asio::buffer(into));
+  const double seconds = std::chrono::duration<double>(clock_type::now() - start).count();
+  server.join();
+  return seconds;
+}
+
+/// Objects fetched through the rendezvous (owner and consumer in this
+/// process, on loopback) against a raw get of the same bytes (RDMA path) or
+/// a plain TCP copy (chunked path). Each fetch acquires, registers on both
+/// sides, moves the bytes and releases: nothing is cached between fetches.
+Measurement end_to_end(const Options& options, std::size_t size, bool rdma) {
+  Measurement m{"end_to_end_fetch", "tcp", "size=" + size_name(size) + (rdma ? " rdma" : " chunked"), "GB/s", true,
+                {}, {}, {}, true};
+  asio::io_context io(1);
+  auto work = asio::make_work_guard(io);
+  std::thread runner([&] { io.run(); });
+  auto object = OwnedBuffer::allocate(size);
+  std::memset(object.data(), 7, size);
+  auto owner_backend = must(ucx::Backend::create(corma_config("tcp")), "owner backend");
+  auto consumer_backend = must(ucx::Backend::create(corma_config("tcp")), "consumer backend");
+  auto owner_registry = std::make_shared<Registry>(owner_backend, RegistryConfig{1ULL << 32, 0});
+  auto consumer_registry = std::make_shared<Registry>(consumer_backend, RegistryConfig{1ULL << 32, 0});
+  Owner owner(io.get_executor(), owner_registry, OwnerConfig{.rdma_threshold = 1});
+  owner.publish("object", PublishedObject{{object.data(), size}, nullptr});
+  asio::ip::tcp::acceptor acceptor(io, {asio::ip::make_address("127.0.0.1"), 0});
+  asio::co_spawn(io, owner.serve(acceptor), asio::detached);
+
+  std::unique_ptr<Consumer> consumer;
+  std::promise<void> connected;
+  asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+    auto c = co_await Consumer::connect(io.get_executor(), acceptor.local_endpoint(), rdma ? consumer_registry : nullptr);
+    consumer = must(std::move(c), "consumer");
+    connected.set_value();
+  }, asio::detached);
+  connected.get_future().get();
+
+  auto raw_memory = OwnedBuffer::allocate(size);
+  std::optional<RawPair> raw;
+  if (rdma) raw.emplace("tcp", object.data(), size);
+  const std::size_t count = std::max<std::size_t>(2, static_cast<std::size_t>(64.0 * MiB * options.bytes_scale / size));
+  for (int r = 0; r < options.rounds; ++r) {
+    std::promise<double> round;
+    asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+      const auto start = clock_type::now();
+      for (std::size_t i = 0; i < count; ++i) {
+        auto fetched = co_await consumer->async_fetch("object");
+        if (!fetched || fetched.value().path != (rdma ? Path::rdma : Path::chunked)) {
+          throw std::runtime_error("fetch took the wrong path or failed");
+        }
+      }
+      round.set_value(std::chrono::duration<double>(clock_type::now() - start).count());
+    }, asio::detached);
+    m.corma.push_back(static_cast<double>(size * count) / round.get_future().get() / 1e9);
+    const double baseline = rdma ? raw_round(*raw, raw_memory.data(), size, 1, count) : tcp_copy_seconds(size, count);
+    m.raw.push_back(static_cast<double>(size * count) / baseline / 1e9);
+  }
+  if (rdma && size == MiB) {
+    m.target = "time <= 1.2 x raw get (ratio >= 0.83)";
+    m.target_met = m.ratio() >= 1 / 1.2;
+  }
+  consumer.reset();
+  asio::post(io, [&] {
+    owner.stop();
+    acceptor.close();
+  });
+  work.reset();
+  runner.join();
+  return m;
+}
+
 Measurement registry_bookkeeping(const Options& options, int threads) {
   Measurement m{"registry_bookkeeping", "-", "test backend, threads=" + std::to_string(threads), "Kops/s", true,
                 {}, {}, {}, true};
@@ -372,6 +463,12 @@ std::vector<Measurement> run_scenarios(const Options& options) {
     if (selected(options, "small_get_rate")) {
       keep(message_rate(options, transport, corma, raw, local_memory.data()));
       keep(message_rate_callbacks(options, transport, corma, raw, local_memory.data()));
+    }
+  }
+  if (selected(options, "end_to_end_fetch")) {
+    for (auto size : {1 * MiB, 64 * MiB}) {
+      keep(end_to_end(options, size, true));
+      keep(end_to_end(options, size, false));
     }
   }
   if (selected(options, "registry_bookkeeping")) {

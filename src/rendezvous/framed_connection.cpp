@@ -55,7 +55,12 @@ struct Writer {
 }  // namespace
 
 FramedConnection::FramedConnection(asio::ip::tcp::socket socket, std::uint32_t max_frame_body)
-    : socket_(std::move(socket)), max_body_(max_frame_body) {}
+    : socket_(std::move(socket)), max_body_(max_frame_body) {
+  // Requests are small and answered at once: Nagle's algorithm would hold
+  // each one back behind the delayed ACK of the previous answer.
+  boost::system::error_code ignored;
+  socket_.set_option(asio::ip::tcp::no_delay(true), ignored);
+}
 
 asio::awaitable<Result<Frame>> FramedConnection::read(std::chrono::milliseconds timeout) {
   std::array<std::byte, 4> prefix{};
