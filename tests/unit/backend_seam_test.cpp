@@ -156,6 +156,21 @@ struct Pair {
     EXPECT_TRUE(done);
     peer = offer.value().peer;
   }
+
+  struct Regions {
+    corma::BackendRegion remote;  ///< `source`, exported by the target
+    corma::BackendRegion local;   ///< `destination`, on the initiator
+  };
+
+  /// Connects, then maps `source` on the target (read-only for peers) and
+  /// `destination` on the initiator.
+  asio::awaitable<Regions> connect_and_map(std::vector<std::byte>& source, std::vector<std::byte>& destination) {
+    co_await connect();
+    auto remote = co_await target->async_map(source.data(), source.size(), Access::remote_read, asio::use_awaitable);
+    auto local = co_await initiator->async_map(destination.data(), destination.size(), Access::local,
+                                               asio::use_awaitable);
+    co_return Regions{std::move(remote).value(), std::move(local).value()};
+  }
 };
 
 TEST(BackendTransfers, GetAndPutMoveTheBytes) {
@@ -193,11 +208,7 @@ TEST(BackendTransfers, BadRequestsAreRefusedBeforeTheProvider) {
   Pair pair;
   std::vector<std::byte> source(4096), destination(4096);
   corma::testing::run(io, [&]() -> asio::awaitable<void> {
-    co_await pair.connect();
-    auto remote = (co_await pair.target->async_map(source.data(), source.size(), Access::remote_read,
-                                                   asio::use_awaitable)).value();
-    auto local = (co_await pair.initiator->async_map(destination.data(), destination.size(),
-                                                     Access::local, asio::use_awaitable)).value();
+    auto [remote, local] = co_await pair.connect_and_map(source, destination);
     auto get = [&](corma::GetRequest r) { return pair.initiator->async_get(std::move(r), asio::use_awaitable); };
     const corma::GetRequest good{pair.peer, local.id, 0, remote.effective_addr, 64, remote.packed_key};
 
@@ -238,11 +249,7 @@ TEST(BackendTransfers, InjectedFailureFailsTheTransfer) {
   std::vector<std::byte> source(4096), destination(4096);
   pair.initiator->set_faults(corma::testing::TestBackendFaults{.fail_transfers = true});
   corma::testing::run(io, [&]() -> asio::awaitable<void> {
-    co_await pair.connect();
-    auto remote = (co_await pair.target->async_map(source.data(), source.size(), Access::remote_read,
-                                                   asio::use_awaitable)).value();
-    auto local = (co_await pair.initiator->async_map(destination.data(), destination.size(),
-                                                     Access::local, asio::use_awaitable)).value();
+    auto [remote, local] = co_await pair.connect_and_map(source, destination);
     corma::GetRequest request{pair.peer, local.id, 0, remote.effective_addr, 64, remote.packed_key};
     auto got = co_await pair.initiator->async_get(std::move(request), asio::use_awaitable);
     EXPECT_TRUE(got.error().is(errc::backend));
@@ -256,11 +263,7 @@ TEST(BackendTransfers, CancelledGetAnswersEarlyAndKeepsTheRegionUntilItEnds) {
   std::vector<std::byte> source(4096), destination(4096);
   pair.initiator->hold_transfers();
   corma::testing::run(io, [&]() -> asio::awaitable<void> {
-    co_await pair.connect();
-    auto remote = (co_await pair.target->async_map(source.data(), source.size(), Access::remote_read,
-                                                   asio::use_awaitable)).value();
-    auto local = (co_await pair.initiator->async_map(destination.data(), destination.size(),
-                                                     Access::local, asio::use_awaitable)).value();
+    auto [remote, local] = co_await pair.connect_and_map(source, destination);
     asio::cancellation_signal signal;
     std::optional<Result<void>> got;
     pair.initiator->async_get(
