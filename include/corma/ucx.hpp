@@ -4,6 +4,7 @@
 
 #include <corma/backend.hpp>
 #include <corma/error.hpp>
+#include <corma/progress.hpp>
 
 #include <chrono>
 #include <cstddef>
@@ -12,12 +13,8 @@
 
 namespace corma::ucx {
 
-/// How the progress thread waits for work.
-enum class ProgressMode {
-  busy_poll,  ///< never sleeps: lowest latency, one core always busy
-  adaptive,   ///< spins for `spin_time` after the last activity, then sleeps on the worker's event fd
-  event,      ///< sleeps on the worker's event fd as soon as there is nothing to do
-};
+/// How the progress thread waits for work (see corma/progress.hpp).
+using ProgressMode = corma::ProgressMode;
 
 /// Which UCX transports the worker may use.
 enum class Transport {

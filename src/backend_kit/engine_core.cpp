@@ -1,0 +1,251 @@
+#include "backend_kit/engine_core.hpp"
+
+#include <algorithm>
+#include <vector>
+
+namespace corma::backend_kit {
+
+EngineCore::EngineCore(EngineSettings s)
+    : settings(std::move(s)),
+      map_answer_delay_ns(std::chrono::duration_cast<std::chrono::nanoseconds>(settings.map_answer_delay).count()) {}
+
+Error EngineCore::shut_down_error() const {
+  return Error{errc::shutting_down, settings.name + " backend is shutting down"};
+}
+
+Error EngineCore::provider_error(errc code, const std::string& what) const {
+  return Error{code, settings.name + ": " + what};
+}
+
+// ---- the progress loop ----
+
+void EngineCore::quit() {
+  quitting_ = true;
+  work_.reset();
+}
+
+void EngineCore::loop() {
+  run_until_quit();
+  // Whatever was posted before the end (cancelled timers, late commands) runs
+  // now and is answered shutting_down, so no handler outlives the loop
+  // holding the engine.
+  io.restart();
+  while (io.poll() != 0) {
+  }
+}
+
+void EngineCore::run_until_quit() {
+  using clock = std::chrono::steady_clock;
+  auto last_activity = clock::now();
+  while (!quitting_) {
+    const std::size_t ran = io.poll();
+    const std::size_t progressed = progress();
+    if (quitting_) break;
+    const auto now = clock::now();
+    if (ran != 0 || progressed != 0) {
+      last_activity = now;
+      continue;
+    }
+    if (!torn_down) {
+      if (settings.progress == ProgressMode::busy_poll) continue;
+      if (settings.progress == ProgressMode::adaptive && now - last_activity < settings.spin_time) continue;
+      if (!arm_for_sleep()) continue;  // events arrived meanwhile
+    }
+    io.run_one();  // a command, a timer, or the provider's event fd
+    last_activity = clock::now();
+  }
+}
+
+// ---- map / unmap ----
+
+void EngineCore::run_map(const std::shared_ptr<MapOp>& op) {
+  if (op->cancelled.load(std::memory_order_acquire)) {
+    return answer(*op, fail(errc::cancelled, "map cancelled before it ran"));
+  }
+  if (closed()) return answer(*op, shut_down_error());
+  if (auto valid = validate_range(op->ptr, op->len); !valid) return answer(*op, std::move(valid).error());
+  auto registered = provider_map(op->ptr, op->len, op->access);
+  if (!registered) return answer(*op, std::move(registered).error());
+  auto& reg = registered.value();
+  const RegionId id{next_id++};
+  regions.emplace(id, Region{reg.handle, static_cast<std::byte*>(op->ptr), op->len, 0, false, {}});
+  live.fetch_add(1, std::memory_order_acq_rel);
+  op->mapped = id;
+  op->result = BackendRegion{id, reg.effective_addr, reg.effective_len, std::move(reg.packed_key)};
+  if (const std::chrono::nanoseconds delay{map_answer_delay_ns.load(std::memory_order_acquire)};
+      delay.count() > 0) {
+    op->id = next_id++;
+    delayed_maps_.emplace(op->id, op);
+    op->timer = std::make_unique<asio::steady_timer>(io, delay);
+    // `this`: the handler lives in our own io_context, which the engine owns.
+    op->timer->async_wait([this, op](boost::system::error_code ec) {
+      if (!ec) deliver_map(op);
+    });
+    return;
+  }
+  deliver_map(op);
+}
+
+void EngineCore::deliver_map(const std::shared_ptr<MapOp>& op) {
+  delayed_maps_.erase(op->id);
+  if (op->answered) return;
+  if (op->cancelled.load(std::memory_order_acquire)) {
+    // Mapped but not yet answered: the total guarantee says undo it.
+    release_region(*op->mapped);
+    return answer(*op, fail(errc::cancelled, "map cancelled"));
+  }
+  op->answered = true;
+  const RegionId id = *op->mapped;
+  op->completion.dispatch_or_rollback(
+      [weak = weak_from_this(), id] {
+        if (auto self = weak.lock()) {
+          asio::post(self->io, [weak, id] {
+            if (auto alive = weak.lock()) alive->release_region(id);
+          });
+        }
+      },
+      std::move(op->result));
+  maps_answered.fetch_add(1, std::memory_order_acq_rel);
+}
+
+void EngineCore::cancel_map(const std::shared_ptr<MapOp>& op) {
+  if (op->answered || !op->mapped) return;  // not run yet: run_map sees the flag
+  if (op->timer) op->timer->cancel();
+  deliver_map(op);
+}
+
+void EngineCore::undo_delayed_maps() {
+  auto delayed = std::move(delayed_maps_);
+  delayed_maps_.clear();
+  for (auto& [id, map] : delayed) {
+    if (map->timer) map->timer->cancel();
+    release_region(*map->mapped);
+    answer(*map, shut_down_error());
+  }
+}
+
+void EngineCore::release_region(RegionId id) {
+  auto it = regions.find(id);
+  if (it == regions.end() || torn_down) return;
+  if (it->second.transfers > 0) {
+    it->second.unmapping = true;
+    return;
+  }
+  unmap_now(it);
+}
+
+void EngineCore::unmap_now(RegionTable::iterator it) {
+  auto unmapped = provider_unmap(it->second.handle);
+  auto waiters = std::move(it->second.unmap_waiters);
+  if (!unmapped) {
+    it->second.unmapping = false;
+    for (auto& w : waiters) answer(*w, unmapped.error());
+    return;
+  }
+  regions.erase(it);
+  live.fetch_sub(1, std::memory_order_acq_rel);
+  for (auto& w : waiters) answer(*w, success());
+}
+
+void EngineCore::unmap_all() {
+  for (auto it = regions.begin(); it != regions.end();) {
+    (void)provider_unmap(it->second.handle);  // the provider is going away either way
+    for (auto& w : it->second.unmap_waiters) answer(*w, success());
+    it = regions.erase(it);
+  }
+  live.store(0, std::memory_order_release);
+}
+
+void EngineCore::run_unmap(const std::shared_ptr<VoidOp>& op, RegionId id) {
+  if (closed()) return answer(*op, shut_down_error());
+  auto it = regions.find(id);
+  if (it == regions.end()) return answer(*op, success());  // idempotent
+  it->second.unmap_waiters.push_back(op);
+  if (it->second.transfers > 0) {
+    it->second.unmapping = true;  // the last transfer out unmaps
+    return;
+  }
+  unmap_now(it);
+}
+
+void EngineCore::cancel_unmap(const std::shared_ptr<VoidOp>& op) {
+  answer(*op, fail(errc::cancelled, "unmap notification abandoned; the unmap proceeds"));
+}
+
+// ---- transfers ----
+
+Result<EngineCore::Region*> EngineCore::admit_local(const TransferRequest& request) {
+  if (closed()) return shut_down_error();
+  if (request.len == 0) return fail(errc::out_of_range, "zero-length transfer");
+  auto region = regions.find(request.local);
+  if (region == regions.end() || region->second.unmapping) {
+    return fail(errc::region_not_found, "local region is not registered");
+  }
+  CORMA_TRY(validate_slice(request.local_offset, request.len, region->second.len));
+  return &region->second;
+}
+
+void EngineCore::track(const std::shared_ptr<TransferOp>& op, Region& region) {
+  op->id = next_id++;
+  op->deadline = std::chrono::steady_clock::now() + settings.operation_timeout;
+  ++region.transfers;
+  transfers.emplace(op->id, op);
+  in_flight.fetch_add(1, std::memory_order_acq_rel);
+  arm_deadline_sweep();
+}
+
+std::shared_ptr<TransferOp> EngineCore::untrack(std::uint64_t id) {
+  auto it = transfers.find(id);
+  if (it == transfers.end()) return nullptr;
+  auto op = std::move(it->second);
+  transfers.erase(it);
+  in_flight.fetch_sub(1, std::memory_order_acq_rel);
+  return op;
+}
+
+void EngineCore::unpin(RegionId id) {
+  auto region = regions.find(id);
+  if (region != regions.end() && --region->second.transfers == 0 && region->second.unmapping) {
+    unmap_now(region);
+  }
+}
+
+void EngineCore::cancel_transfer(const std::shared_ptr<TransferOp>& op) {
+  if (op->id != 0 && transfers.count(op->id) != 0) answer(*op, fail(errc::cancelled, "transfer cancelled"));
+}
+
+void EngineCore::arm_deadline_sweep() {
+  if (sweep_armed_ || torn_down) return;
+  if (!deadline_sweep_) deadline_sweep_.emplace(io);
+  sweep_armed_ = true;
+  // A quarter of the timeout: a deadline is noticed at most 25 % late.
+  const auto tick = std::clamp<std::chrono::milliseconds>(settings.operation_timeout / 4,
+                                                          std::chrono::milliseconds(1),
+                                                          std::chrono::milliseconds(1000));
+  deadline_sweep_->expires_after(tick);
+  // `this`, not a shared_ptr: the handler lives in our own io_context, so a
+  // strong reference would keep the engine alive forever if the loop ended first.
+  deadline_sweep_->async_wait([this](boost::system::error_code ec) {
+    sweep_armed_ = false;
+    if (!ec && !torn_down) sweep_deadlines();
+  });
+}
+
+void EngineCore::stop_deadline_sweep() {
+  if (deadline_sweep_) deadline_sweep_->cancel();
+}
+
+void EngineCore::sweep_deadlines() {
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<std::shared_ptr<TransferOp>> late;
+  for (const auto& [id, op] : transfers) {
+    if (!op->answered && op->deadline <= now) late.push_back(op);
+  }
+  for (auto& op : late) {
+    answer(*op, fail(errc::timeout, "transfer passed its deadline; the peer is now treated as broken"));
+    on_transfer_deadline(*op);
+  }
+  if (!transfers.empty()) arm_deadline_sweep();
+}
+
+}  // namespace corma::backend_kit

@@ -1,0 +1,191 @@
+// What every provider-backed engine (UCX, verbs) shares: the progress
+// thread's loop, the bounded command queue, cancellation hooks, the region
+// table with its unmap-waits-for-transfers rule, delayed map answers, the
+// transfer table and its deadline sweep. A provider derives from EngineCore
+// and supplies the hooks (map/unmap one region, post a transfer, progress,
+// arm for sleep, peers, shutdown). Everything but submit() and the
+// cancellation hook runs on the progress thread.
+#pragma once
+
+#include "backend_kit/ops.hpp"
+
+#include <corma/progress.hpp>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+namespace corma::backend_kit {
+
+struct EngineSettings {
+  std::string name;  ///< the provider, in messages: "UCX", "verbs"
+  ProgressMode progress = ProgressMode::adaptive;
+  std::chrono::microseconds spin_time{100};
+  std::size_t command_queue_capacity = 65536;
+  std::chrono::milliseconds operation_timeout{30000};
+  std::chrono::milliseconds shutdown_timeout{5000};
+  std::chrono::nanoseconds map_answer_delay{0};
+};
+
+class EngineCore : public std::enable_shared_from_this<EngineCore> {
+ public:
+  /// What a provider registered for one map.
+  struct Registration {
+    void* handle = nullptr;  ///< the provider's own (ucp_mem_h, ibv_mr*...)
+    std::uint64_t effective_addr = 0;
+    std::uint64_t effective_len = 0;
+    PackedKey packed_key;
+  };
+  struct Region {
+    void* handle = nullptr;
+    std::byte* addr = nullptr;
+    std::size_t len = 0;
+    std::size_t transfers = 0;  ///< admitted and not finished: they pin the region
+    bool unmapping = false;     ///< the last transfer out unmaps
+    std::vector<std::shared_ptr<VoidOp>> unmap_waiters;
+  };
+  using RegionTable = std::map<RegionId, Region>;
+
+  explicit EngineCore(EngineSettings settings);
+  EngineCore(const EngineCore&) = delete;
+  EngineCore& operator=(const EngineCore&) = delete;
+  virtual ~EngineCore() = default;
+
+  // ---- any thread ----
+
+  /// Runs `command` on the progress thread, or answers `refuse` (on the
+  /// calling thread) when the queue is full or the backend is shutting down.
+  template <class Command, class Refuse>
+  void submit(Command command, Refuse refuse);
+
+  /// Installs a cancellation handler (on the caller's thread) that flags the
+  /// op and posts `on_cancel` to the progress thread.
+  template <class Op, class OnCancel>
+  void watch_cancellation(const std::shared_ptr<Op>& op, OnCancel on_cancel);
+
+  // ---- provider hooks (progress thread) ----
+
+  virtual Result<Registration> provider_map(void* ptr, std::size_t len, Access access) = 0;
+  virtual Result<void> provider_unmap(void* handle) = 0;
+  /// A fresh op for a get or put; providers return their own subclass.
+  virtual std::shared_ptr<TransferOp> make_transfer_op() = 0;
+  virtual void run_transfer(const std::shared_ptr<TransferOp>& op) = 0;
+  /// The provider cannot stop a posted transfer: the caller is released, the
+  /// region stays pinned until the transfer really ends.
+  virtual void cancel_transfer(const std::shared_ptr<TransferOp>& op);
+  /// The transfer passed its deadline (already answered `timeout`).
+  virtual void on_transfer_deadline(TransferOp& op) = 0;
+  virtual void run_peer_offer(const std::shared_ptr<ValueOp<PeerOffer>>& op) = 0;
+  virtual void run_peer_accept(const std::shared_ptr<ValueOp<PeerAnswer>>& op) = 0;
+  virtual void run_peer_complete(const std::shared_ptr<ValueOp<void>>& op) = 0;
+  virtual void run_peer_close(const std::shared_ptr<VoidOp>& op, PeerId id) = 0;
+  /// Section 6 of the design; `op` may be empty (the destructor's shutdown).
+  virtual void run_shutdown(const std::shared_ptr<VoidOp>& op) = 0;
+  /// Drives the provider; the number of events handled (0: idle).
+  virtual std::size_t progress() = 0;
+  /// Prepares to sleep until the provider has events (arms its fd watch).
+  /// False when events are already pending: progress again instead.
+  virtual bool arm_for_sleep() = 0;
+
+  // ---- progress thread ----
+
+  void loop();
+  void quit();
+  [[nodiscard]] bool closed() const noexcept { return closing || torn_down; }
+  [[nodiscard]] Error shut_down_error() const;
+  [[nodiscard]] Error provider_error(errc code, const std::string& what) const;
+
+  void run_map(const std::shared_ptr<MapOp>& op);
+  void cancel_map(const std::shared_ptr<MapOp>& op);
+  void run_unmap(const std::shared_ptr<VoidOp>& op, RegionId id);
+  void cancel_unmap(const std::shared_ptr<VoidOp>& op);
+
+  /// The local half of admitting a transfer: open, non-empty, its region
+  /// registered and not unmapping, its slice inside. Does not pin.
+  Result<Region*> admit_local(const TransferRequest& request);
+  /// Records an admitted transfer (id, deadline, pinned region).
+  void track(const std::shared_ptr<TransferOp>& op, Region& region);
+  /// Removes a transfer from the table; null when unknown. Still pinned.
+  std::shared_ptr<TransferOp> untrack(std::uint64_t id);
+  /// The transfer that pinned `id` is over: an unmap waiting for it runs.
+  void unpin(RegionId id);
+  /// Undoes maps registered but not yet answered (shutdown).
+  void undo_delayed_maps();
+  /// Unmaps every region (shutdown) and answers their unmap waiters.
+  void unmap_all();
+  /// Stops the deadline sweep (the provider is being torn down).
+  void stop_deadline_sweep();
+
+  const EngineSettings settings;
+  asio::io_context io;
+
+  std::atomic<std::int64_t> map_answer_delay_ns{0};
+  std::atomic<std::size_t> maps_answered{0};
+  std::atomic<std::size_t> live{0};
+  std::atomic<std::size_t> in_flight{0};
+  std::atomic<std::size_t> queued{0};
+  std::atomic<bool> accepting{true};
+
+  bool closing = false;    // shutdown started: commands are answered shutting_down
+  bool torn_down = false;  // provider handles destroyed
+  std::uint64_t next_id = 1;
+  RegionTable regions;
+  std::map<std::uint64_t, std::shared_ptr<TransferOp>> transfers;
+
+ private:
+  void run_until_quit();
+  void deliver_map(const std::shared_ptr<MapOp>& op);
+  void release_region(RegionId id);
+  void unmap_now(RegionTable::iterator it);
+  void arm_deadline_sweep();
+  void sweep_deadlines();
+
+  asio::executor_work_guard<asio::io_context::executor_type> work_ = asio::make_work_guard(io);
+  bool quitting_ = false;
+  std::map<std::uint64_t, std::shared_ptr<MapOp>> delayed_maps_;
+  std::optional<asio::steady_timer> deadline_sweep_;
+  bool sweep_armed_ = false;
+};
+
+template <class Command, class Refuse>
+void EngineCore::submit(Command command, Refuse refuse) {
+  if (!accepting.load(std::memory_order_acquire)) {
+    return refuse(Error{errc::shutting_down, settings.name + " backend is shut down"});
+  }
+  if (queued.fetch_add(1, std::memory_order_acq_rel) >= settings.command_queue_capacity) {
+    queued.fetch_sub(1, std::memory_order_acq_rel);
+    return refuse(Error{errc::backend, settings.name + " backend command queue full"});
+  }
+  asio::post(io, [self = shared_from_this(), command = std::move(command)]() mutable {
+    self->queued.fetch_sub(1, std::memory_order_acq_rel);
+    command(*self);
+  });
+}
+
+template <class Op, class OnCancel>
+void EngineCore::watch_cancellation(const std::shared_ptr<Op>& op, OnCancel on_cancel) {
+  auto slot = op->completion.cancellation_slot();
+  if (!slot.is_connected()) return;
+  slot.assign([weak_engine = weak_from_this(), weak_op = std::weak_ptr<Op>(op),
+               on_cancel](asio::cancellation_type) {
+    auto target = weak_op.lock();
+    if (!target) return;
+    target->cancelled.store(true, std::memory_order_release);
+    if (auto engine = weak_engine.lock()) {
+      // Weak inside the queue too: a message posted after the loop ended must
+      // not keep the engine (which owns the queue) alive.
+      asio::post(engine->io, [weak_engine, target, on_cancel] {
+        if (auto alive = weak_engine.lock()) on_cancel(*alive, target);
+      });
+    }
+  });
+}
+
+}  // namespace corma::backend_kit

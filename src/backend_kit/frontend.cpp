@@ -1,0 +1,114 @@
+#include "backend_kit/frontend.hpp"
+
+#include <future>
+
+namespace corma::backend_kit {
+namespace {
+
+/// The refusal path of submit(): answered on the caller's thread, so posted.
+template <class Op>
+auto refuse_with(const std::shared_ptr<Op>& op) {
+  return [op](Error e) { op->completion.post(std::move(e)); };
+}
+
+template <class Op, class Handler>
+std::shared_ptr<Op> make_op(Handler h) {
+  auto op = std::make_shared<Op>();
+  op->completion = decltype(op->completion)(std::move(h));
+  return op;
+}
+
+}  // namespace
+
+void initiate_map(EngineCore& engine, void* ptr, std::size_t len, Access access,
+                  RdmaBackend::Handler<BackendRegion> h) {
+  auto op = make_op<MapOp>(std::move(h));
+  op->ptr = ptr;
+  op->len = len;
+  op->access = access;
+  engine.watch_cancellation(op, [](EngineCore& e, const std::shared_ptr<MapOp>& o) { e.cancel_map(o); });
+  engine.submit([op](EngineCore& e) { e.run_map(op); }, refuse_with(op));
+}
+
+void initiate_unmap(EngineCore& engine, RegionId id, RdmaBackend::Handler<void> h) {
+  auto op = make_op<VoidOp>(std::move(h));
+  // Cancelling an unmap abandons the notification; the unmap proceeds.
+  engine.watch_cancellation(op, [](EngineCore& e, const std::shared_ptr<VoidOp>& o) { e.cancel_unmap(o); });
+  engine.submit([op, id](EngineCore& e) { e.run_unmap(op, id); }, refuse_with(op));
+}
+
+void initiate_transfer(EngineCore& engine, bool is_put, TransferRequest request, RdmaBackend::Handler<void> h) {
+  auto op = engine.make_transfer_op();
+  op->completion = Completion<void(Result<void>)>(std::move(h));
+  op->is_put = is_put;
+  op->request = std::move(request);
+  engine.watch_cancellation(op,
+                            [](EngineCore& e, const std::shared_ptr<TransferOp>& o) { e.cancel_transfer(o); });
+  engine.submit([op](EngineCore& e) { e.run_transfer(op); }, refuse_with(op));
+}
+
+void initiate_peer_offer(EngineCore& engine, RdmaBackend::Handler<PeerOffer> h) {
+  auto op = make_op<ValueOp<PeerOffer>>(std::move(h));
+  engine.submit([op](EngineCore& e) { e.run_peer_offer(op); }, refuse_with(op));
+}
+
+void initiate_peer_accept(EngineCore& engine, std::vector<std::byte> offer, RdmaBackend::Handler<PeerAnswer> h) {
+  auto op = make_op<ValueOp<PeerAnswer>>(std::move(h));
+  op->blob = std::move(offer);
+  engine.submit([op](EngineCore& e) { e.run_peer_accept(op); }, refuse_with(op));
+}
+
+void initiate_peer_complete(EngineCore& engine, PeerId peer, std::vector<std::byte> answer,
+                            RdmaBackend::Handler<void> h) {
+  auto op = make_op<ValueOp<void>>(std::move(h));
+  op->blob = std::move(answer);
+  op->peer = peer;
+  engine.submit([op](EngineCore& e) { e.run_peer_complete(op); }, refuse_with(op));
+}
+
+void initiate_peer_close(EngineCore& engine, PeerId peer, RdmaBackend::Handler<void> h) {
+  auto op = make_op<VoidOp>(std::move(h));
+  engine.submit([op, peer](EngineCore& e) { e.run_peer_close(op, peer); }, refuse_with(op));
+}
+
+void initiate_shutdown(EngineCore& engine, RdmaBackend::Handler<void> h) {
+  auto op = make_op<VoidOp>(std::move(h));
+  // Refuse new commands at once; those already queued run after this one
+  // and are answered shutting_down.
+  engine.accepting.store(false, std::memory_order_release);
+  asio::post(engine.io, [engine = engine.shared_from_this(), op] { engine->run_shutdown(op); });
+}
+
+Result<std::thread> start_progress_thread(const std::shared_ptr<EngineCore>& engine,
+                                          std::function<Result<void>()> start) {
+  std::promise<Result<void>> started;
+  auto start_result = started.get_future();
+  std::thread thread([engine, &started, &start] {
+    auto outcome = start();
+    const bool ok = static_cast<bool>(outcome);
+    started.set_value(std::move(outcome));
+    if (ok) engine->loop();
+  });
+  auto outcome = start_result.get();
+  if (!outcome) {
+    thread.join();
+    return std::move(outcome).error();
+  }
+  return thread;
+}
+
+void stop_progress_thread(const std::shared_ptr<EngineCore>& engine, std::thread& thread) {
+  engine->accepting.store(false, std::memory_order_release);
+  // Teardown runs on the progress thread, which owns every provider handle.
+  asio::post(engine->io, [engine] {
+    engine->run_shutdown({});
+    engine->quit();
+  });
+  if (thread.get_id() == std::this_thread::get_id()) {
+    thread.detach();
+  } else if (thread.joinable()) {
+    thread.join();
+  }
+}
+
+}  // namespace corma::backend_kit

@@ -1,0 +1,67 @@
+// The operations a provider-backed engine keeps while they are away on its
+// progress thread. Each holds its caller's completion; `answer` delivers it
+// exactly once.
+#pragma once
+
+#include <corma/backend.hpp>
+#include <corma/detail/completion.hpp>
+
+#include <boost/asio/steady_timer.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+namespace corma::backend_kit {
+
+namespace asio = boost::asio;
+using detail::Completion;
+
+struct MapOp {
+  Completion<void(Result<BackendRegion>)> completion;
+  void* ptr = nullptr;
+  std::size_t len = 0;
+  Access access = Access::local;
+  std::atomic<bool> cancelled{false};
+  bool answered = false;
+  std::uint64_t id = 0;  // while its answer is delayed
+  std::optional<RegionId> mapped;
+  BackendRegion result;
+  std::unique_ptr<asio::steady_timer> timer;
+};
+
+struct VoidOp {
+  Completion<void(Result<void>)> completion;
+  std::atomic<bool> cancelled{false};
+  bool answered = false;
+};
+
+/// A get or put. Providers derive from it to keep their own per-transfer
+/// state (EngineCore::make_transfer_op).
+struct TransferOp : VoidOp {
+  bool is_put = false;
+  TransferRequest request;
+  std::uint64_t id = 0;  // 0 until admitted
+  std::chrono::steady_clock::time_point deadline;
+  virtual ~TransferOp() = default;
+};
+
+template <class T>
+struct ValueOp {
+  Completion<void(Result<T>)> completion;
+  std::vector<std::byte> blob;
+  PeerId peer{};
+};
+
+/// Delivers an op's result unless it was already answered.
+template <class Op, class T>
+void answer(Op& op, T&& result) {
+  if (op.answered) return;
+  op.answered = true;
+  op.completion.dispatch(std::forward<T>(result));
+}
+
+}  // namespace corma::backend_kit
