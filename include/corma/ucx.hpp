@@ -3,6 +3,7 @@
 #pragma once
 
 #include <corma/backend.hpp>
+#include <corma/detail/engine_backend.hpp>
 #include <corma/error.hpp>
 #include <corma/progress.hpp>
 
@@ -64,46 +65,25 @@ struct Config {
   std::chrono::nanoseconds map_answer_delay{0};
 };
 
-class Backend final : public RdmaBackend {
+class Backend final : public detail::EngineBackend {
  public:
   /// Starts the progress thread and creates the UCX context and worker.
   /// Answers `not_configured` when the configuration cannot work (shared
   /// memory with peer error handling) or UCX refuses to start.
   [[nodiscard]] static Result<std::shared_ptr<Backend>> create(const Config& config);
 
-  ~Backend() override;
-
   [[nodiscard]] std::string_view key() const noexcept override { return "ucx"; }
-  [[nodiscard]] std::optional<std::size_t> live_registrations() const override;
 
-  /// Transfers posted to UCX and not yet finished (answered or not).
-  [[nodiscard]] std::size_t transfers_in_flight() const;
-  /// Map results handed to their handlers' executors so far.
-  [[nodiscard]] std::size_t maps_answered() const;
-  /// Testing aid: changes Config::map_answer_delay for maps that start later.
-  void set_map_answer_delay(std::chrono::nanoseconds delay);
   /// Whether this backend exposes memory for RMA (see Config::trusted_peers).
   [[nodiscard]] bool rma_enabled() const noexcept;
   [[nodiscard]] const Config& config() const noexcept;
 
   struct Engine;
 
- protected:
-  void do_map(void* ptr, std::size_t len, Access access, Handler<BackendRegion> h) override;
-  void do_unmap(RegionId id, Handler<void> h) override;
-  void do_get(GetRequest request, Handler<void> h) override;
-  void do_put(PutRequest request, Handler<void> h) override;
-  void do_peer_offer(Handler<PeerOffer> h) override;
-  void do_peer_accept(std::vector<std::byte> offer, Handler<PeerAnswer> h) override;
-  void do_peer_complete(PeerId peer, std::vector<std::byte> answer, Handler<void> h) override;
-  void do_peer_close(PeerId peer, Handler<void> h) override;
-  void do_shutdown(Handler<void> h) override;
-
  private:
-  explicit Backend(std::shared_ptr<Engine> engine);
+  Backend(std::shared_ptr<Engine> engine, std::thread progress_thread);
 
-  std::shared_ptr<Engine> engine_;
-  std::thread thread_;
+  std::shared_ptr<const Engine> engine_;
 };
 
 }  // namespace corma::ucx

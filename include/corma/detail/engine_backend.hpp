@@ -1,0 +1,51 @@
+// The common face of backends that own a provider on a progress thread (UCX,
+// verbs): the seam's operations become commands for the engine, and
+// destruction tears the provider down on that thread. No provider type here.
+#pragma once
+
+#include <corma/backend.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <thread>
+
+namespace corma::backend_kit {
+class EngineCore;
+}
+
+namespace corma::detail {
+
+class EngineBackend : public RdmaBackend {
+ public:
+  ~EngineBackend() override;
+
+  [[nodiscard]] std::optional<std::size_t> live_registrations() const final;
+  /// Transfers posted to the provider and not yet finished (answered or not).
+  [[nodiscard]] std::size_t transfers_in_flight() const;
+  /// Map results handed to their handlers' executors so far.
+  [[nodiscard]] std::size_t maps_answered() const;
+  /// Testing aid: delay between registering a region and answering its map,
+  /// for maps that start later.
+  void set_map_answer_delay(std::chrono::nanoseconds delay);
+
+ protected:
+  EngineBackend(std::shared_ptr<backend_kit::EngineCore> core, std::thread progress_thread);
+
+  void do_map(void* ptr, std::size_t len, Access access, Handler<BackendRegion> h) final;
+  void do_unmap(RegionId id, Handler<void> h) final;
+  void do_get(GetRequest request, Handler<void> h) final;
+  void do_put(PutRequest request, Handler<void> h) final;
+  void do_peer_offer(Handler<PeerOffer> h) final;
+  void do_peer_accept(std::vector<std::byte> offer, Handler<PeerAnswer> h) final;
+  void do_peer_complete(PeerId peer, std::vector<std::byte> answer, Handler<void> h) final;
+  void do_peer_close(PeerId peer, Handler<void> h) final;
+  void do_shutdown(Handler<void> h) final;
+
+ private:
+  std::shared_ptr<backend_kit::EngineCore> core_;
+  std::thread thread_;
+};
+
+}  // namespace corma::detail

@@ -1,0 +1,43 @@
+#include <corma/detail/engine_backend.hpp>
+
+#include "backend_kit/frontend.hpp"
+
+namespace corma::detail {
+
+using namespace corma::backend_kit;
+
+EngineBackend::EngineBackend(std::shared_ptr<EngineCore> core, std::thread progress_thread)
+    : core_(std::move(core)), thread_(std::move(progress_thread)) {}
+
+EngineBackend::~EngineBackend() { stop_progress_thread(core_, thread_); }
+
+std::optional<std::size_t> EngineBackend::live_registrations() const {
+  return core_->live.load(std::memory_order_acquire);
+}
+std::size_t EngineBackend::transfers_in_flight() const { return core_->in_flight.load(std::memory_order_acquire); }
+std::size_t EngineBackend::maps_answered() const { return core_->maps_answered.load(std::memory_order_acquire); }
+void EngineBackend::set_map_answer_delay(std::chrono::nanoseconds delay) {
+  core_->map_answer_delay_ns.store(delay.count(), std::memory_order_release);
+}
+
+void EngineBackend::do_map(void* ptr, std::size_t len, Access access, Handler<BackendRegion> h) {
+  initiate_map(*core_, ptr, len, access, std::move(h));
+}
+void EngineBackend::do_unmap(RegionId id, Handler<void> h) { initiate_unmap(*core_, id, std::move(h)); }
+void EngineBackend::do_get(GetRequest request, Handler<void> h) {
+  initiate_transfer(*core_, false, std::move(request), std::move(h));
+}
+void EngineBackend::do_put(PutRequest request, Handler<void> h) {
+  initiate_transfer(*core_, true, std::move(request), std::move(h));
+}
+void EngineBackend::do_peer_offer(Handler<PeerOffer> h) { initiate_peer_offer(*core_, std::move(h)); }
+void EngineBackend::do_peer_accept(std::vector<std::byte> offer, Handler<PeerAnswer> h) {
+  initiate_peer_accept(*core_, std::move(offer), std::move(h));
+}
+void EngineBackend::do_peer_complete(PeerId peer, std::vector<std::byte> answer, Handler<void> h) {
+  initiate_peer_complete(*core_, peer, std::move(answer), std::move(h));
+}
+void EngineBackend::do_peer_close(PeerId peer, Handler<void> h) { initiate_peer_close(*core_, peer, std::move(h)); }
+void EngineBackend::do_shutdown(Handler<void> h) { initiate_shutdown(*core_, std::move(h)); }
+
+}  // namespace corma::detail
