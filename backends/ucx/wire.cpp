@@ -1,5 +1,7 @@
 #include "wire.hpp"
 
+#include "backend_kit/fnv1a.hpp"
+
 #include <bit>
 #include <cstring>
 
@@ -26,16 +28,9 @@ T get(const std::byte* p) {
   return value;
 }
 
-std::uint64_t checksum(std::uint64_t addr, std::uint64_t len, std::span<const std::byte> rkey) {
-  std::uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a: catches corruption, not forgery
-  auto mix = [&h](std::byte b) {
-    h ^= static_cast<std::uint8_t>(b);
-    h *= 0x100000001b3ULL;
-  };
-  for (int i = 0; i < 8; ++i) mix(static_cast<std::byte>(addr >> (8 * i)));
-  for (int i = 0; i < 8; ++i) mix(static_cast<std::byte>(len >> (8 * i)));
-  for (auto b : rkey) mix(b);
-  return h;
+/// Over the record's range fields (as they lie in the key) and the rkey.
+std::uint64_t checksum(std::span<const std::byte> range_fields, std::span<const std::byte> rkey) {
+  return backend_kit::fnv1a(rkey, backend_kit::fnv1a(range_fields));
 }
 
 std::vector<std::byte> padded_copy(std::span<const std::byte> bytes) {
@@ -53,7 +48,7 @@ PackedKey encode_key(std::uint64_t addr, std::uint64_t len, std::span<const std:
   put(key, static_cast<std::uint32_t>(rkey.size()));
   put(key, addr);
   put(key, len);
-  put(key, checksum(addr, len, rkey));
+  put(key, checksum(std::span(key).subspan(8, 16), rkey));
   key.insert(key.end(), rkey.begin(), rkey.end());
   return key;
 }
@@ -85,7 +80,7 @@ Result<RemoteKey> decode_key(const PackedKey& key, std::uint64_t local_md_map) {
   remote.addr = get<std::uint64_t>(key.data() + 8);
   remote.len = get<std::uint64_t>(key.data() + 16);
   const std::span<const std::byte> rkey(key.data() + key_header, rkey_size);
-  if (get<std::uint64_t>(key.data() + 24) != checksum(remote.addr, remote.len, rkey)) {
+  if (get<std::uint64_t>(key.data() + 24) != checksum(std::span(key).subspan(8, 16), rkey)) {
     return fail(errc::invalid_key, "packed key checksum mismatch");
   }
   if (remote.len == 0 || remote.addr + remote.len < remote.addr) {

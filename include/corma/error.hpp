@@ -27,6 +27,10 @@ struct Error {
   std::error_code code;
   std::string detail;
   std::optional<BudgetFigures> budget;
+  /// The provider's own code behind `code`, when it has one (the verbs
+  /// backend: an ibv_wc_status in verbs::completion_category()). `code` stays
+  /// a corma::errc, so callers can branch on it without knowing the provider.
+  std::error_code cause;
 
   Error() = default;
   Error(std::error_code c, std::string d = {}, std::optional<BudgetFigures> b = {})

@@ -1,5 +1,7 @@
-// Links against an installed corma and uses its public API.
+// Links against an installed corma (and its verbs backend) and uses the
+// public API.
 #include <corma/registry.hpp>
+#include <corma/verbs.hpp>
 
 #include <cstdio>
 
@@ -8,5 +10,9 @@ int main() {
   corma::Result<int> result = corma::fail(corma::errc::timeout);
   if (result || !error.retryable()) return 1;
   std::printf("consumer: linked corma; %s\n", error.message().c_str());
+  // Without a device this answers not_configured and says why; with one it opens it.
+  auto verbs = corma::verbs::Backend::create({});
+  std::printf("consumer: verbs backend: %s\n",
+              verbs ? verbs.value()->device_name().c_str() : verbs.error().message().c_str());
   return 0;
 }

@@ -16,6 +16,12 @@
 
 namespace corma::contract {
 
-class BackendContract : public ::testing::TestWithParam<ContractParam> {};
+class BackendContract : public ::testing::TestWithParam<ContractParam> {
+ protected:
+  void SetUp() override {
+    if (!GetParam().unavailable) return;
+    if (auto why = GetParam().unavailable()) GTEST_SKIP() << *why;
+  }
+};
 
 }  // namespace corma::contract

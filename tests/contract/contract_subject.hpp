@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <string>
 
@@ -54,6 +55,9 @@ struct ContractParam {
   std::function<ContractSubject()> make;
   /// How long a caller may wait to be answered after its peer dies.
   std::chrono::milliseconds peer_failure_limit{std::chrono::seconds(5)};
+  /// Optional. Why this configuration cannot run here (no device, say): each
+  /// test then skips, printing the reason.
+  std::function<std::optional<std::string>()> unavailable;
 };
 
 /// gtest prints parameters with this (found by ADL).

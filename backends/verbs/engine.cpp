@@ -1,0 +1,543 @@
+#include "engine.hpp"
+
+#include "completion_error.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+namespace corma::verbs {
+namespace {
+
+using backend_kit::answer;
+
+backend_kit::EngineSettings settings_of(const Config& c) {
+  return {"verbs", c.progress, c.spin_time, c.command_queue_capacity, c.operation_timeout, c.shutdown_timeout,
+          c.map_answer_delay};
+}
+
+Error call_failed(errc code, const char* call, int err) {
+  return Error{code, std::string("verbs: ") + call + ": " + std::strerror(err)};
+}
+
+/// Watching a provider fd from the io_context: a non-blocking duplicate
+/// (asio closes its copy; the provider keeps its own).
+Result<asio::posix::stream_descriptor> watch_fd(asio::io_context& io, int fd, const char* what) {
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) {
+    return call_failed(errc::not_configured, what, errno);
+  }
+  const int copy = ::dup(fd);
+  if (copy < 0) return call_failed(errc::not_configured, what, errno);
+  return asio::posix::stream_descriptor(io, copy);
+}
+
+constexpr int access_flags(Access access) {
+  int flags = IBV_ACCESS_LOCAL_WRITE;  // the destination of a get
+  if (access != Access::local) flags |= IBV_ACCESS_REMOTE_READ;
+  if (access == Access::remote_read_write) flags |= IBV_ACCESS_REMOTE_WRITE;
+  return flags;
+}
+
+constexpr std::uint32_t max_chain = 16;  // work requests per ibv_post_send call
+constexpr int poll_batch = 32;
+
+}  // namespace
+
+Backend::Engine::Engine(const Config& c, std::shared_ptr<const IbvApi> table)
+    : EngineCore(settings_of(c)), config(c), api(std::move(table)) {}
+
+// ---- start / tear down ----
+
+Result<void> Backend::Engine::start() {
+  if (const char* missing = first_missing_entry(*api)) {
+    return fail(errc::not_configured, std::string("verbs: the function table lacks ") + missing);
+  }
+  use_status_text(*api);
+  CORMA_TRY(device, open_device(*api, config));
+  max_message = device.port_attr.max_msg_sz;
+  const int device_rd = device.device_attr.max_qp_rd_atom > 0 ? device.device_attr.max_qp_rd_atom : 1;
+  rd_atomic = config.max_rd_atomic != 0 ? config.max_rd_atomic : static_cast<std::uint32_t>(std::min(device_rd, 16));
+  auto started = [&]() -> Result<void> {
+    pd = api->alloc_pd(device.context);
+    if (pd == nullptr) return call_failed(errc::not_configured, "ibv_alloc_pd", errno);
+    channel = api->create_comp_channel(device.context);
+    if (channel == nullptr) return call_failed(errc::not_configured, "ibv_create_comp_channel", errno);
+    cq = api->create_cq(device.context, static_cast<int>(config.completion_queue_depth), nullptr, channel, 0);
+    if (cq == nullptr) return call_failed(errc::not_configured, "ibv_create_cq", errno);
+    CORMA_TRY(cq_wake, watch_fd(io, channel->fd, "completion channel fd"));
+    CORMA_TRY(async_wake, watch_fd(io, device.context->async_fd, "async event fd"));
+    return success();
+  }();
+  if (!started) {
+    tear_down();
+    return started;
+  }
+  arm_async_watch();
+  return success();
+}
+
+void Backend::Engine::tear_down() {
+  stop_deadline_sweep();
+  boost::system::error_code ignored;
+  if (cq_wake) cq_wake->close(ignored);
+  if (async_wake) async_wake->close(ignored);
+  cq_wake.reset();
+  async_wake.reset();
+  if (cq != nullptr) {
+    consume_cq_events();  // every event acknowledged, or destroying the CQ blocks
+    api->destroy_cq(cq);
+  }
+  if (channel != nullptr) api->destroy_comp_channel(channel);
+  if (pd != nullptr) api->dealloc_pd(pd);
+  if (device.context != nullptr) api->close_device(device.context);
+  cq = nullptr;
+  channel = nullptr;
+  pd = nullptr;
+  device.context = nullptr;
+  torn_down = true;
+}
+
+// ---- registration ----
+
+Result<backend_kit::EngineCore::Registration> Backend::Engine::provider_map(void* ptr, std::size_t len,
+                                                                          Access access) {
+  const int flags = access_flags(access);
+  errno = 0;
+  ibv_mr* mr = nullptr;
+  if (config.relaxed_ordering && api->reg_mr_iova2 != nullptr) {
+    mr = api->reg_mr_iova2(pd, ptr, len, reinterpret_cast<std::uint64_t>(ptr),
+                           static_cast<unsigned>(flags | IBV_ACCESS_RELAXED_ORDERING));
+  } else {
+    mr = api->reg_mr(pd, ptr, len, flags);
+  }
+  if (mr == nullptr) return call_failed(errc::backend, "ibv_reg_mr", errno != 0 ? errno : EINVAL);
+  // The NIC pins whole pages: report the page-enclosing range.
+  const auto page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  const auto first = reinterpret_cast<std::uint64_t>(ptr) / page * page;
+  const auto end = (reinterpret_cast<std::uint64_t>(ptr) + len + page - 1) / page * page;
+  PackedKey key;
+  if (access != Access::local) {
+    key = wire::encode_key({mr->rkey, reinterpret_cast<std::uint64_t>(ptr), len});
+  }
+  return Registration{mr, first, end - first, std::move(key)};
+}
+
+Result<void> Backend::Engine::provider_unmap(void* handle) {
+  if (int rc = api->dereg_mr(static_cast<ibv_mr*>(handle)); rc != 0) {
+    return call_failed(errc::backend, "ibv_dereg_mr", rc);
+  }
+  return success();
+}
+
+// ---- queue pairs ----
+
+Result<ibv_qp*> Backend::Engine::create_qp() {
+  ibv_qp_init_attr init{};
+  init.send_cq = cq;
+  init.recv_cq = cq;
+  init.qp_type = IBV_QPT_RC;
+  init.sq_sig_all = 0;
+  init.cap.max_send_wr = config.send_queue_depth;
+  init.cap.max_recv_wr = 1;
+  init.cap.max_send_sge = 1;
+  init.cap.max_recv_sge = 1;
+  errno = 0;
+  ibv_qp* qp = api->create_qp(pd, &init);
+  if (qp == nullptr) return call_failed(errc::backend, "ibv_create_qp", errno != 0 ? errno : EINVAL);
+  ibv_qp_attr attr{};
+  attr.qp_state = IBV_QPS_INIT;
+  attr.pkey_index = 0;
+  attr.port_num = config.port;
+  // The queue pair admits remote reads and writes; each region's own access
+  // flags decide what a peer may really do.
+  attr.qp_access_flags = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
+  if (int rc = api->modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+      rc != 0) {
+    api->destroy_qp(qp);
+    return call_failed(errc::backend, "ibv_modify_qp(INIT)", rc);
+  }
+  return qp;
+}
+
+Result<void> Backend::Engine::connect_qp(ibv_qp* qp, const wire::QpEndpoint& local, const wire::QpEndpoint& remote) {
+  ibv_qp_attr rtr{};
+  rtr.qp_state = IBV_QPS_RTR;
+  rtr.path_mtu = to_ibv_mtu(std::min(local.mtu, remote.mtu));
+  rtr.dest_qp_num = remote.qp_num;
+  rtr.rq_psn = remote.psn;
+  rtr.max_dest_rd_atomic = static_cast<std::uint8_t>(rd_atomic);
+  rtr.min_rnr_timer = 12;
+  rtr.ah_attr.port_num = config.port;
+  rtr.ah_attr.dlid = remote.lid;
+  if (remote.has_gid && device.gid_index >= 0) {
+    rtr.ah_attr.is_global = 1;
+    std::memcpy(rtr.ah_attr.grh.dgid.raw, remote.gid.data(), remote.gid.size());
+    rtr.ah_attr.grh.sgid_index = static_cast<std::uint8_t>(device.gid_index);
+    rtr.ah_attr.grh.hop_limit = 64;
+  }
+  if (int rc = api->modify_qp(qp, &rtr,
+                              IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                                  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+      rc != 0) {
+    return call_failed(errc::peer_unreachable, "ibv_modify_qp(RTR)", rc);
+  }
+  ibv_qp_attr rts{};
+  rts.qp_state = IBV_QPS_RTS;
+  rts.timeout = config.timeout;
+  rts.retry_cnt = config.retry_count;
+  rts.rnr_retry = config.rnr_retry;
+  rts.sq_psn = local.psn;
+  rts.max_rd_atomic = static_cast<std::uint8_t>(rd_atomic);
+  if (int rc = api->modify_qp(qp, &rts,
+                              IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+                                  IBV_QP_MAX_QP_RD_ATOMIC);
+      rc != 0) {
+    return call_failed(errc::peer_unreachable, "ibv_modify_qp(RTS)", rc);
+  }
+  return success();
+}
+
+Result<PeerId> Backend::Engine::add_peer(ibv_qp* qp, const wire::QpEndpoint& local) {
+  const PeerId id{next_id++};
+  Peer peer;
+  peer.qp = qp;
+  peer.local = local;
+  peers.emplace(id, std::move(peer));
+  peer_by_qp_num.emplace(qp->qp_num, id);
+  return id;
+}
+
+void Backend::Engine::destroy_peer(std::map<PeerId, Peer>::iterator it) {
+  if (it->second.qp != nullptr) {
+    peer_by_qp_num.erase(it->second.qp->qp_num);
+    api->destroy_qp(it->second.qp);
+  }
+  auto waiter = std::move(it->second.close_waiter);
+  peers.erase(it);
+  if (waiter) answer(*waiter, success());
+}
+
+void Backend::Engine::break_peer(Peer& peer, const Error& why) {
+  if (!peer.broken && peer.qp != nullptr) {
+    ibv_qp_attr attr{};
+    attr.qp_state = IBV_QPS_ERR;
+    (void)api->modify_qp(peer.qp, &attr, IBV_QP_STATE);  // already there when the NIC put it there
+  }
+  peer.broken = true;
+  auto backlog = std::move(peer.backlog);
+  peer.backlog.clear();
+  for (auto& op : backlog) abandon_unposted(*op, why);
+}
+
+namespace {
+
+wire::QpEndpoint describe(const OpenedDevice& device, const ibv_qp& qp, std::uint32_t psn, std::uint16_t mtu) {
+  wire::QpEndpoint local;
+  local.qp_num = qp.qp_num;
+  local.psn = psn;
+  local.lid = device.port_attr.lid;
+  local.has_gid = device.gid_index >= 0;
+  if (local.has_gid) std::memcpy(local.gid.data(), device.gid.raw, local.gid.size());
+  local.mtu = mtu;
+  return local;
+}
+
+}  // namespace
+
+void Backend::Engine::run_peer_offer(const std::shared_ptr<ValueOp<PeerOffer>>& op) {
+  if (closed()) return op->completion.dispatch(shut_down_error());
+  auto qp = create_qp();
+  if (!qp) return op->completion.dispatch(std::move(qp).error());
+  const auto local = describe(device, *qp.value(), psn_source() & 0xffffffU, path_mtu_bytes(config, device.port_attr));
+  auto id = add_peer(qp.value(), local);
+  op->completion.dispatch(PeerOffer{id.value(), wire::encode_endpoint(local)});
+}
+
+void Backend::Engine::run_peer_accept(const std::shared_ptr<ValueOp<PeerAnswer>>& op) {
+  if (closed()) return op->completion.dispatch(shut_down_error());
+  auto remote = wire::decode_endpoint(op->blob);
+  if (!remote) return op->completion.dispatch(std::move(remote).error());
+  auto qp = create_qp();
+  if (!qp) return op->completion.dispatch(std::move(qp).error());
+  const auto local = describe(device, *qp.value(), psn_source() & 0xffffffU, path_mtu_bytes(config, device.port_attr));
+  if (auto connected = connect_qp(qp.value(), local, remote.value()); !connected) {
+    api->destroy_qp(qp.value());
+    return op->completion.dispatch(std::move(connected).error());
+  }
+  auto id = add_peer(qp.value(), local);
+  peers.at(id.value()).connected = true;
+  op->completion.dispatch(PeerAnswer{id.value(), wire::encode_endpoint(local)});
+}
+
+void Backend::Engine::run_peer_complete(const std::shared_ptr<ValueOp<void>>& op) {
+  if (closed()) return op->completion.dispatch(shut_down_error());
+  auto it = peers.find(op->peer);
+  if (it == peers.end()) return op->completion.dispatch(fail(errc::peer_unreachable, "no pending peer with that id"));
+  auto& peer = it->second;
+  if (peer.connected || peer.broken) return op->completion.dispatch(fail(errc::protocol, "peer is already connected"));
+  auto remote = wire::decode_endpoint(op->blob);
+  if (!remote) return op->completion.dispatch(std::move(remote).error());
+  if (auto connected = connect_qp(peer.qp, peer.local, remote.value()); !connected) {
+    return op->completion.dispatch(std::move(connected).error());
+  }
+  peer.connected = true;
+  op->completion.dispatch(success());
+}
+
+void Backend::Engine::run_peer_close(const std::shared_ptr<VoidOp>& op, PeerId id) {
+  if (closed()) return answer(*op, shut_down_error());
+  auto it = peers.find(id);
+  if (it == peers.end()) return answer(*op, success());  // idempotent
+  auto& peer = it->second;
+  if (peer.close_waiter) return answer(*op, success());  // already closing
+  break_peer(peer, Error{errc::peer_unreachable, "verbs: peer closed"});
+  // Posted work flushes before the queue pair may go.
+  peer.close_waiter = op;
+  if (peer.outstanding == 0) destroy_peer(it);
+}
+
+// ---- transfers ----
+
+Result<void> Backend::Engine::admit_remote(VerbsTransferOp& op) const {
+  const auto& req = op.request;
+  auto peer = peers.find(req.peer);
+  if (peer == peers.end() || peer->second.close_waiter) return fail(errc::peer_unreachable, "unknown peer");
+  if (peer->second.broken) return fail(errc::peer_unreachable, "peer is broken");
+  if (!peer->second.connected) return fail(errc::peer_unreachable, "peer set-up is not complete");
+  CORMA_TRY(auto key, wire::decode_key(req.packed_key));
+  if (req.remote_addr < key.addr) return fail(errc::out_of_range, "remote address below the key's range");
+  CORMA_TRY(validate_slice(req.remote_addr - key.addr, req.len, key.len));
+  op.rkey = key.rkey;
+  return success();
+}
+
+void Backend::Engine::run_transfer(const std::shared_ptr<TransferOp>& base) {
+  auto op = std::static_pointer_cast<VerbsTransferOp>(base);
+  if (op->cancelled.load(std::memory_order_acquire)) {
+    return answer(*op, fail(errc::cancelled, "transfer cancelled before it ran"));
+  }
+  auto region = admit_local(op->request);
+  if (!region) return answer(*op, std::move(region).error());
+  if (auto remote = admit_remote(*op); !remote) return answer(*op, std::move(remote).error());
+  op->lkey = static_cast<ibv_mr*>(region.value()->handle)->lkey;
+  op->local = region.value()->addr + op->request.local_offset;
+  op->plan = ChunkPlan(op->request.len, max_message);
+  track(op, *region.value());
+  auto& peer = peers.at(op->request.peer);
+  peer.backlog.push_back(op);
+  pump(peer);
+}
+
+void Backend::Engine::pump(Peer& peer) {
+  while (!peer.backlog.empty() && !peer.broken) {
+    const std::uint32_t queue_room = config.send_queue_depth - peer.outstanding;
+    const std::uint32_t cq_room = config.completion_queue_depth - outstanding_total;
+    const std::uint32_t credits = std::min({queue_room, cq_room, max_chain});
+    if (credits == 0) return;  // completions will free room and pump again
+    auto op = peer.backlog.front();
+    post_chunks(peer, *op, credits);
+    if (op->posted == op->plan.count()) peer.backlog.pop_front();
+  }
+}
+
+void Backend::Engine::post_chunks(Peer& peer, VerbsTransferOp& op, std::uint32_t credits) {
+  std::array<ibv_send_wr, max_chain> wrs{};
+  std::array<ibv_sge, max_chain> sges{};
+  const auto n = static_cast<std::uint32_t>(std::min<std::uint64_t>(credits, op.plan.count() - op.posted));
+  for (std::uint32_t i = 0; i < n; ++i) {
+    const Chunk chunk = op.plan[op.posted + i];
+    sges[i] = ibv_sge{reinterpret_cast<std::uint64_t>(op.local + chunk.offset), chunk.len, op.lkey};
+    auto& wr = wrs[i];
+    wr.wr_id = op.id;
+    wr.sg_list = &sges[i];
+    wr.num_sge = chunk.len == 0 ? 0 : 1;
+    wr.opcode = op.is_put ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.rdma.remote_addr = op.request.remote_addr + chunk.offset;
+    wr.wr.rdma.rkey = op.rkey;
+    wr.next = i + 1 < n ? &wrs[i + 1] : nullptr;
+  }
+  ibv_send_wr* bad = nullptr;
+  const int rc = api->post_send(peer.qp, wrs.data(), &bad);
+  const std::uint32_t accepted = rc == 0 ? n : static_cast<std::uint32_t>(bad - wrs.data());
+  op.posted += accepted;
+  peer.outstanding += accepted;
+  outstanding_total += accepted;
+  if (rc != 0) abandon_unposted(op, call_failed(errc::backend, "ibv_post_send", rc));
+}
+
+void Backend::Engine::abandon_unposted(VerbsTransferOp& op, const Error& why) {
+  if (!op.failure) op.failure = why;
+  op.completed += op.plan.count() - op.posted;
+  op.posted = op.plan.count();
+  finish_if_done(op);
+}
+
+void Backend::Engine::finish_if_done(VerbsTransferOp& op) {
+  if (op.completed == op.plan.count()) finish_transfer(op.id);
+}
+
+void Backend::Engine::on_completion(const ibv_wc& wc) {
+  --outstanding_total;
+  auto peer_id = peer_by_qp_num.find(wc.qp_num);
+  Peer* peer = peer_id != peer_by_qp_num.end() ? &peers.at(peer_id->second) : nullptr;
+  if (peer != nullptr) --peer->outstanding;
+
+  auto it = transfers.find(wc.wr_id);
+  if (it != transfers.end()) {
+    auto& op = static_cast<VerbsTransferOp&>(*it->second);
+    ++op.completed;
+    if (wc.status == IBV_WC_WR_FLUSH_ERR) {
+      if (!op.failure) {
+        op.failure = closing ? shut_down_error()
+                             : Error{errc::peer_unreachable, "verbs: flushed: the queue pair is in the error state"};
+      }
+    } else if (wc.status != IBV_WC_SUCCESS && !op.failure) {
+      op.failure = completion_error(wc, std::string(op.is_put ? "RDMA WRITE" : "RDMA READ") + " of " +
+                                            std::to_string(op.request.len) + " bytes");
+    }
+    finish_if_done(op);
+  }
+  if (peer == nullptr) return;
+  // A failed completion puts an RC queue pair in the error state: the peer
+  // is broken, the rest of its work flushes.
+  if (wc.status != IBV_WC_SUCCESS && !peer->broken) {
+    break_peer(*peer, Error{errc::peer_unreachable, "verbs: the queue pair entered the error state"});
+  }
+  if (peer->close_waiter && peer->outstanding == 0) return destroy_peer(peers.find(peer_id->second));
+  pump(*peer);
+}
+
+void Backend::Engine::finish_transfer(std::uint64_t id) {
+  auto base = untrack(id);
+  if (!base) return;
+  auto& op = static_cast<VerbsTransferOp&>(*base);
+  // The caller hears of its transfer before an unmap that waited for it.
+  if (op.failure) {
+    answer(op, *op.failure);
+  } else {
+    answer(op, success());
+  }
+  unpin(op.request.local);
+}
+
+void Backend::Engine::on_transfer_deadline(TransferOp& op) {
+  auto peer = peers.find(op.request.peer);
+  if (peer != peers.end()) {
+    break_peer(peer->second, Error{errc::timeout, "verbs: a transfer to this peer passed its deadline"});
+  }
+}
+
+// ---- progress and events ----
+
+std::size_t Backend::Engine::progress() {
+  if (torn_down) return 0;
+  std::array<ibv_wc, poll_batch> wcs{};
+  std::size_t events = 0;
+  for (;;) {
+    const int n = api->poll_cq(cq, poll_batch, wcs.data());
+    if (n < 0) {
+      // The completion queue itself failed (an overrun): nothing on it can be trusted.
+      for (auto& [id, peer] : peers) break_peer(peer, Error{errc::backend, "verbs: the completion queue failed"});
+      return events + 1;
+    }
+    for (int i = 0; i < n; ++i) on_completion(wcs[static_cast<std::size_t>(i)]);
+    events += static_cast<std::size_t>(n);
+    if (n < poll_batch) return events;
+  }
+}
+
+bool Backend::Engine::arm_for_sleep() {
+  if (api->req_notify_cq(cq, 0) != 0) return false;
+  if (progress() != 0) return false;  // completions that raced the arming
+  if (!cq_wait_armed) {
+    cq_wait_armed = true;
+    // `this`: the handler lives in our own io_context.
+    cq_wake->async_wait(asio::posix::stream_descriptor::wait_read, [this](boost::system::error_code ec) {
+      cq_wait_armed = false;
+      if (!ec && !torn_down) consume_cq_events();
+    });
+  }
+  return true;
+}
+
+void Backend::Engine::consume_cq_events() {
+  ibv_cq* event_cq = nullptr;
+  void* context = nullptr;
+  unsigned events = 0;
+  while (api->get_cq_event(channel, &event_cq, &context) == 0) ++events;
+  if (events != 0) api->ack_cq_events(cq, events);
+}
+
+void Backend::Engine::arm_async_watch() {
+  if (async_wait_armed || torn_down) return;
+  async_wait_armed = true;
+  async_wake->async_wait(asio::posix::stream_descriptor::wait_read, [this](boost::system::error_code ec) {
+    async_wait_armed = false;
+    if (ec || torn_down) return;
+    drain_async_events();
+    arm_async_watch();
+  });
+}
+
+void Backend::Engine::drain_async_events() {
+  ibv_async_event event{};
+  while (api->get_async_event(device.context, &event) == 0) {
+    const std::string what = std::string("verbs: ") + api->event_type_str(event.event_type);
+    switch (event.event_type) {
+      case IBV_EVENT_QP_FATAL:
+      case IBV_EVENT_QP_REQ_ERR:
+      case IBV_EVENT_QP_ACCESS_ERR:
+      case IBV_EVENT_PATH_MIG_ERR:
+        for (auto& [id, peer] : peers) {
+          if (peer.qp == event.element.qp) break_peer(peer, Error{errc::peer_unreachable, what});
+        }
+        break;
+      case IBV_EVENT_CQ_ERR:
+      case IBV_EVENT_PORT_ERR:
+      case IBV_EVENT_DEVICE_FATAL:
+        for (auto& [id, peer] : peers) break_peer(peer, Error{errc::peer_unreachable, what});
+        break;
+      default:  // informational: communication established, port active, GID change...
+        break;
+    }
+    api->ack_async_event(&event);
+  }
+}
+
+// ---- shutdown ----
+
+void Backend::Engine::run_shutdown(const std::shared_ptr<VoidOp>& op) {
+  if (torn_down) {
+    if (op) answer(*op, success());
+    return;
+  }
+  closing = true;
+  using clock = std::chrono::steady_clock;
+  undo_delayed_maps();
+
+  // Transfers in flight get until the deadline to finish; then every queue
+  // pair is moved to the error state and its work flushes.
+  const auto deadline = clock::now() + config.shutdown_timeout;
+  while (!transfers.empty() && clock::now() < deadline) progress();
+  for (auto& [id, peer] : peers) break_peer(peer, shut_down_error());
+  const auto flush_deadline = clock::now() + config.shutdown_timeout;
+  while (outstanding_total > 0 && clock::now() < flush_deadline) progress();
+
+  // What the provider never completed is answered now; destroying the queue
+  // pairs ends it.
+  for (auto& [id, transfer] : transfers) answer(*transfer, shut_down_error());
+  transfers.clear();
+  in_flight.store(0, std::memory_order_release);
+  while (!peers.empty()) destroy_peer(peers.begin());
+  unmap_all();
+  tear_down();
+  if (op) answer(*op, success());
+}
+
+}  // namespace corma::verbs

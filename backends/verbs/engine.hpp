@@ -1,0 +1,117 @@
+// The verbs backend's engine: the provider half of a backend_kit::EngineCore.
+// It owns the device context, protection domain, completion channel and
+// queue, and one RC queue pair per peer; only the progress thread touches
+// them, always through the IbvApi table.
+#pragma once
+
+#include "backend_kit/engine_core.hpp"
+#include "chunk_plan.hpp"
+#include "device.hpp"
+#include "ibv_api.hpp"
+#include "wire.hpp"
+
+#include <corma/verbs.hpp>
+
+#include <boost/asio/posix/stream_descriptor.hpp>
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+
+namespace corma::verbs {
+
+namespace asio = boost::asio;
+using backend_kit::TransferOp;
+using backend_kit::ValueOp;
+using backend_kit::VoidOp;
+
+struct VerbsTransferOp : TransferOp {
+  ChunkPlan plan{0, 0};
+  std::uint64_t posted = 0;     // work requests handed to the queue pair
+  std::uint64_t completed = 0;  // completions seen (or chunks given up unposted)
+  std::uint32_t rkey = 0;
+  std::uint32_t lkey = 0;
+  std::byte* local = nullptr;  // the transfer's first local byte
+  std::optional<Error> failure;
+};
+
+struct Backend::Engine final : backend_kit::EngineCore {
+  struct Peer {
+    ibv_qp* qp = nullptr;
+    wire::QpEndpoint local;  // what this side told the other
+    bool connected = false;
+    bool broken = false;             // in (or moved to) the error state
+    std::uint32_t outstanding = 0;   // posted work requests not yet completed
+    /// Transfers with chunks not yet posted, in order: posted as completions
+    /// free send-queue slots.
+    std::deque<std::shared_ptr<VerbsTransferOp>> backlog;
+    std::shared_ptr<VoidOp> close_waiter;  // peer_close waiting for the flush
+  };
+
+  Engine(const Config& config, std::shared_ptr<const IbvApi> api);
+
+  /// Opens the device and creates the PD, channel and CQ (progress thread).
+  Result<void> start();
+
+  // EngineCore hooks (progress thread).
+  Result<Registration> provider_map(void* ptr, std::size_t len, Access access) override;
+  Result<void> provider_unmap(void* handle) override;
+  std::shared_ptr<TransferOp> make_transfer_op() override { return std::make_shared<VerbsTransferOp>(); }
+  void run_transfer(const std::shared_ptr<TransferOp>& op) override;
+  void on_transfer_deadline(TransferOp& op) override;
+  void run_peer_offer(const std::shared_ptr<ValueOp<PeerOffer>>& op) override;
+  void run_peer_accept(const std::shared_ptr<ValueOp<PeerAnswer>>& op) override;
+  void run_peer_complete(const std::shared_ptr<ValueOp<void>>& op) override;
+  void run_peer_close(const std::shared_ptr<VoidOp>& op, PeerId id) override;
+  void run_shutdown(const std::shared_ptr<VoidOp>& op) override;
+  std::size_t progress() override;
+  bool arm_for_sleep() override;
+
+  // Queue pairs (progress thread).
+  Result<ibv_qp*> create_qp();
+  Result<void> connect_qp(ibv_qp* qp, const wire::QpEndpoint& local, const wire::QpEndpoint& remote);
+  Result<PeerId> add_peer(ibv_qp* qp, const wire::QpEndpoint& local);
+  void destroy_peer(std::map<PeerId, Peer>::iterator it);
+  /// Moves the peer's queue pair to the error state (its posted work
+  /// flushes) and fails what was never posted.
+  void break_peer(Peer& peer, const Error& why);
+
+  // Transfers (progress thread).
+  Result<void> admit_remote(VerbsTransferOp& op) const;
+  /// Posts backlog chunks while the send and completion queues have room.
+  void pump(Peer& peer);
+  void post_chunks(Peer& peer, VerbsTransferOp& op, std::uint32_t credits);
+  void on_completion(const ibv_wc& wc);
+  /// Gives up a transfer's unposted chunks; finishes it if nothing is posted.
+  void abandon_unposted(VerbsTransferOp& op, const Error& why);
+  void finish_if_done(VerbsTransferOp& op);
+  void finish_transfer(std::uint64_t id);
+
+  // Events (progress thread).
+  void arm_async_watch();
+  void drain_async_events();
+  void consume_cq_events();
+  void tear_down();
+
+  const Config config;
+  const std::shared_ptr<const IbvApi> api;
+  OpenedDevice device;
+  std::uint32_t max_message = 0;
+  std::uint32_t rd_atomic = 1;
+  ibv_pd* pd = nullptr;
+  ibv_comp_channel* channel = nullptr;
+  ibv_cq* cq = nullptr;
+  std::optional<asio::posix::stream_descriptor> cq_wake;     // a dup of the channel's fd
+  std::optional<asio::posix::stream_descriptor> async_wake;  // a dup of the context's async fd
+  bool cq_wait_armed = false;
+  bool async_wait_armed = false;
+
+  std::map<PeerId, Peer> peers;
+  std::map<std::uint32_t, PeerId> peer_by_qp_num;
+  std::uint32_t outstanding_total = 0;  // across queue pairs: bounded by the CQ
+  std::mt19937 psn_source{std::random_device{}()};
+};
+
+}  // namespace corma::verbs

@@ -1,0 +1,111 @@
+#include "wire.hpp"
+
+#include "backend_kit/fnv1a.hpp"
+#include "rendezvous/wire_io.hpp"
+
+namespace corma::verbs::wire {
+namespace {
+
+using rendezvous::wire::Reader;
+using rendezvous::wire::Writer;
+
+constexpr std::uint32_t key_magic = 0x314b5643;       // "CVK1"
+constexpr std::uint32_t endpoint_magic = 0x31505643;  // "CVP1"
+constexpr std::uint8_t version = 1;
+constexpr std::uint32_t max_24_bits = (1U << 24) - 1;
+
+Result<RemoteKey> read_key(const PackedKey& key) {
+  Reader in(key);
+  CORMA_TRY(auto magic, in.u32("magic"));
+  if (magic != key_magic) return fail(errc::invalid_key, "not a verbs packed key");
+  CORMA_TRY(auto v, in.u8("version"));
+  if (v != version) return fail(errc::invalid_key, "unknown verbs packed key version");
+  RemoteKey out;
+  CORMA_TRY(out.rkey, in.u32("rkey"));
+  CORMA_TRY(out.addr, in.u64("addr"));
+  CORMA_TRY(out.len, in.u64("len"));
+  const auto covered = std::span(key).first(in.position());
+  CORMA_TRY(auto sum, in.u64("checksum"));
+  CORMA_TRY(in.expect_end("verbs packed key"));
+  if (sum != backend_kit::fnv1a(covered)) return fail(errc::invalid_key, "packed key checksum mismatch");
+  if (out.len == 0 || out.addr + out.len < out.addr) {
+    return fail(errc::invalid_key, "packed key describes an impossible range");
+  }
+  return out;
+}
+
+Result<std::uint16_t> read_mtu(Reader& in) {
+  CORMA_TRY(auto mtu, in.u16("mtu"));
+  for (std::uint16_t known : {256, 512, 1024, 2048, 4096}) {
+    if (mtu == known) return mtu;
+  }
+  return fail(errc::protocol, "peer blob names an unknown MTU");
+}
+
+}  // namespace
+
+PackedKey encode_key(const RemoteKey& key) {
+  Writer out(33);
+  out.u32(key_magic);
+  out.u8(version);
+  out.u32(key.rkey);
+  out.u64(key.addr);
+  out.u64(key.len);
+  auto bytes = std::move(out).take();
+  // Catches corruption before the NIC does (which would break the connection).
+  Writer sum;
+  sum.u64(backend_kit::fnv1a(bytes));
+  auto tail = std::move(sum).take();
+  bytes.insert(bytes.end(), tail.begin(), tail.end());
+  return bytes;
+}
+
+Result<RemoteKey> decode_key(const PackedKey& key) {
+  if (key.empty()) return fail(errc::invalid_key, "empty packed key");
+  if (key.size() > max_packed_key_size) return fail(errc::invalid_key, "oversized packed key");
+  auto decoded = read_key(key);
+  if (!decoded && !decoded.error().is(errc::invalid_key)) {
+    return fail(errc::invalid_key, "malformed verbs packed key: " + decoded.error().detail);
+  }
+  return decoded;
+}
+
+std::vector<std::byte> encode_endpoint(const QpEndpoint& endpoint) {
+  Writer out(36);
+  out.u32(endpoint_magic);
+  out.u8(version);
+  out.u32(endpoint.qp_num);
+  out.u32(endpoint.psn);
+  out.u16(endpoint.lid);
+  out.u8(endpoint.has_gid ? 1 : 0);
+  for (auto b : endpoint.gid) out.u8(b);
+  out.u16(endpoint.mtu);
+  return std::move(out).take();
+}
+
+Result<QpEndpoint> decode_endpoint(const std::vector<std::byte>& blob) {
+  if (blob.size() > max_peer_blob_size) return fail(errc::protocol, "oversized peer blob");
+  Reader in(blob);
+  CORMA_TRY(auto magic, in.u32("magic"));
+  if (magic != endpoint_magic) return fail(errc::protocol, "not a verbs peer blob");
+  CORMA_TRY(auto v, in.u8("version"));
+  if (v != version) return fail(errc::protocol, "unknown verbs peer blob version");
+  QpEndpoint out;
+  CORMA_TRY(out.qp_num, in.u32("qp_num"));
+  CORMA_TRY(out.psn, in.u32("psn"));
+  CORMA_TRY(out.lid, in.u16("lid"));
+  CORMA_TRY(auto has_gid, in.u8("has_gid"));
+  if (has_gid > 1) return fail(errc::protocol, "peer blob has a malformed GID flag");
+  out.has_gid = has_gid == 1;
+  for (auto& b : out.gid) {
+    CORMA_TRY(b, in.u8("gid"));
+  }
+  CORMA_TRY(out.mtu, read_mtu(in));
+  CORMA_TRY(in.expect_end("verbs peer blob"));
+  if (out.qp_num > max_24_bits || out.psn > max_24_bits) {
+    return fail(errc::protocol, "peer blob has a queue pair number or PSN wider than 24 bits");
+  }
+  return out;
+}
+
+}  // namespace corma::verbs::wire

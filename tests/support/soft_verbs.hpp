@@ -1,0 +1,164 @@
+// SoftVerbs: an in-process software verbs provider for tests. It fills the
+// verbs backend's function table (corma::verbs::IbvApi) with an
+// implementation that behaves like an RC-capable device on one shared fabric:
+// devices, contexts, PDs, MRs with lkey/rkey, completion channels, CQs and RC
+// QPs whose RDMA READ/WRITE work requests execute asynchronously on the
+// provider's own thread, with the checks real hardware makes (state machine,
+// keys, bounds, access flags, send-queue depth, message size). Faults and
+// timing are injectable, and counters expose what the caller did, so that a
+// backend bug shows up as a failed test rather than as silent success.
+//
+// The fabric is process-wide (C function pointers cannot carry state): every
+// backend in the process that uses api() is a host on the same fabric, and a
+// QP of one can connect to a QP of another. Each context is a port of its own
+// (its own LID), so two backends on "soft0" are two hosts.
+//
+// Rules a caller meets here as on hardware:
+// - A send-queue slot is freed only when the completion of its work request,
+//   or of a later one on the same QP, has been polled; unsignaled successes
+//   produce no completion. post_send beyond cap.max_send_wr fails (ENOMEM).
+// - req_notify_cq notifies for the next completion added after arming, not
+//   for entries already queued: poll again after arming.
+// - ibv_qp::state follows modify_qp only; an error completion moves the QP to
+//   the error state without touching that field.
+// - A request is answered only by the QP its dest_qp_num names, if that QP is
+//   in RTR or RTS, names this QP back, expects this QP's sq_psn as its rq_psn
+//   and (InfiniBand) sits behind the dlid used. Until then the request is
+//   retried (later requests of its QP wait behind it) for the QP's retry
+//   window, 4.096 us * 2^timeout * (retry_cnt + 1), forever with timeout 0;
+//   then it completes with IBV_WC_RETRY_EXC_ERR. So a peer may post as soon
+//   as it is in RTS, before the other side has reached RTR, as on hardware.
+// - A responder that rejects a request (remote access error, or an operation
+//   its QP's access flags do not allow) enters the error state too and
+//   raises IBV_EVENT_QP_ACCESS_ERR or IBV_EVENT_QP_REQ_ERR on its context.
+// - destroy_cq and destroy_qp fail with EBUSY while events read for them are
+//   unacknowledged (libibverbs would block forever); close_device, dealloc_pd
+//   and destroy_comp_channel fail with EBUSY while objects depend on them.
+#pragma once
+
+#include "ibv_api.hpp"
+
+#include <infiniband/verbs.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace corma::testing {
+
+/// One IB-type GID (fe80::/64 link-local, like an IB port's GID 0).
+[[nodiscard]] std::vector<std::pair<ibv_gid, ibv_gid_type>> default_soft_gids();
+
+struct SoftVerbsConfig {
+  /// Port attribute; a work request longer than this completes with IBV_WC_LOC_LEN_ERR.
+  std::uint32_t max_msg_sz = 1U << 20;
+  /// Device cap; create_qp asking for more send or receive WRs fails with EINVAL.
+  std::uint32_t max_qp_wr = 256;
+  /// Device cap; create_cq asking for more fails with EINVAL.
+  int max_cqe = 4096;
+  /// IBV_LINK_LAYER_INFINIBAND (LIDs route) or IBV_LINK_LAYER_ETHERNET (RoCE:
+  /// lid 0, the address vector must carry a GRH whose dgid is in the table).
+  std::uint8_t link_layer = IBV_LINK_LAYER_INFINIBAND;
+  /// The port's GID table, shared by every context. An all-zero GID is an
+  /// unpopulated slot (query_gid gives zeros, query_gid_ex ENODATA).
+  std::vector<std::pair<ibv_gid, ibv_gid_type>> gids = default_soft_gids();
+  /// 0: get_device_list returns an empty (non-null) list.
+  std::uint32_t device_count = 1;
+  /// get_device_list returns NULL with errno = ENOSYS (a kernel without RDMA).
+  bool no_kernel_support = false;
+};
+
+class SoftVerbs {
+ public:
+  /// The fabric. Never destroyed (its worker thread runs until the process exits).
+  static SoftVerbs& instance();
+
+  SoftVerbs(const SoftVerbs&) = delete;
+  SoftVerbs& operator=(const SoftVerbs&) = delete;
+
+  /// The function table; origin "soft". Every entry is filled.
+  [[nodiscard]] std::shared_ptr<const verbs::IbvApi> api() const;
+
+  /// Installs `config`, clears faults, counters, hold and delay, and starts a
+  /// new generation. Call between tests. Objects left from earlier
+  /// generations stay valid, so a backend still shutting down can finish
+  /// cleanly, but no longer count (live_*(), counters) or receive faults and
+  /// raised events; their QPs enter the error state, so their queued and
+  /// later work flushes without touching memory.
+  void reset(const SoftVerbsConfig& config = {});
+
+  // ---- Faults ------------------------------------------------------------
+  /// The next reg_mr / reg_mr_iova2 returns NULL with errno = err.
+  void fail_next_reg_mr(int err);
+  /// The next work request the worker executes completes with `status`
+  /// without moving data; like any error completion this moves its QP to the
+  /// error state, so its later and queued work requests flush. The responder
+  /// is not affected.
+  void fail_next_completion(ibv_wc_status status);
+  /// Every QP of this generation moves to the error state: its queued work flushes
+  /// (IBV_WC_WR_FLUSH_ERR) and IBV_EVENT_QP_FATAL is raised for it on its context.
+  void move_qps_to_error();
+  /// Raises `type` on every context of this generation: QP events once per QP of that
+  /// context (element.qp), IBV_EVENT_CQ_ERR once per CQ (element.cq), port
+  /// events with element.port_num = 1, device events with element zeroed.
+  /// SRQ and WQ events raise nothing (there are no SRQs or WQs).
+  void raise_async_event(ibv_event_type type);
+  /// Work requests are accepted but not executed until release_work().
+  void hold_work();
+  void release_work();
+  /// The worker waits this long before executing each work request.
+  void set_work_delay(std::chrono::nanoseconds delay);
+
+  // ---- Observations ------------------------------------------------------
+  /// Work requests accepted by post_send since reset.
+  [[nodiscard]] std::size_t work_requests_posted() const;
+  /// The highest send-queue occupancy seen on any one QP. A slot is taken by
+  /// post_send and freed, as on hardware, when the completion of that work
+  /// request or of a later one on the same QP has been polled.
+  [[nodiscard]] std::size_t max_outstanding() const;
+  /// post_send calls refused (ENOMEM) because the send queue was full.
+  [[nodiscard]] std::size_t overruns() const;
+  /// Completions lost because the CQ was full (each also raises IBV_EVENT_CQ_ERR).
+  [[nodiscard]] std::size_t cq_overruns() const;
+  /// Caller mistakes: calls naming a null, unknown or already destroyed
+  /// object, device lists freed twice, more events acknowledged than were
+  /// read, and fds the provider owns (a channel's fd, async_fd) closed by the
+  /// caller. A correct caller leaves it at 0.
+  [[nodiscard]] std::size_t misuses() const;
+  /// What the latest misuse was (call and reason), empty if none since reset.
+  [[nodiscard]] std::string last_misuse() const;
+  [[nodiscard]] std::size_t live_mrs() const;
+  [[nodiscard]] std::size_t live_qps() const;
+  [[nodiscard]] std::size_t live_pds() const;
+  [[nodiscard]] std::size_t live_cqs() const;
+  [[nodiscard]] std::size_t live_comp_channels() const;
+  [[nodiscard]] std::size_t open_contexts() const;
+  [[nodiscard]] std::size_t live_device_lists() const;
+  /// Work requests accepted and not yet executed: held, delayed, queued, or
+  /// retried while their responder does not answer.
+  [[nodiscard]] std::size_t work_requests_executing_or_queued() const;
+  /// Completion events read by get_cq_event and not yet acknowledged (live CQs).
+  [[nodiscard]] std::size_t unacked_cq_events() const;
+  /// Async events read by get_async_event and not yet acknowledged.
+  [[nodiscard]] std::size_t unacked_async_events() const;
+
+  /// The rkey of a live MR whose host range covers `addr` (any one, if several
+  /// do): for tests that play a peer forging a key it was never given.
+  [[nodiscard]] std::optional<std::uint32_t> rkey_of(const void* addr) const;
+
+  /// Evaluates `pred` (on the calling thread, without the provider's lock
+  /// held) whenever the provider's state changes, at least every millisecond,
+  /// until it holds or `timeout` passes. Returns its last value.
+  bool wait_until(const std::function<bool()>& pred, std::chrono::milliseconds timeout) const;
+
+ private:
+  SoftVerbs() = default;
+};
+
+}  // namespace corma::testing

@@ -1,0 +1,403 @@
+// The verbs backend beyond the shared contract, over the software provider:
+// opening (and refusing to open) devices, chunking into work requests,
+// send-queue back-pressure, completion faults, queue pairs in error, async
+// events, registration failures surfacing through the Registry, and access
+// flags enforced by the "NIC".
+#include "support/soft_verbs.hpp"
+
+#include "wire.hpp"
+
+#include <corma/registry.hpp>
+#include <corma/verbs.hpp>
+
+#include <boost/asio/use_future.hpp>
+#include <gtest/gtest.h>
+
+#include <cerrno>
+#include <future>
+#include <numeric>
+#include <stdexcept>
+#include <vector>
+
+namespace corma::verbs {
+namespace {
+
+namespace asio = boost::asio;
+using testing::SoftVerbs;
+using testing::SoftVerbsConfig;
+using namespace std::chrono_literals;
+
+/// The answer behind a future, or a test failure (thrown) if none comes.
+template <class T>
+T answered(std::future<T> future, std::chrono::milliseconds limit = 5s) {
+  if (future.wait_for(limit) != std::future_status::ready) throw std::runtime_error("no answer in time");
+  return future.get();
+}
+
+std::uint64_t address(const std::vector<std::byte>& bytes) { return reinterpret_cast<std::uint64_t>(bytes.data()); }
+
+std::vector<std::byte> pattern(std::size_t n, unsigned seed) {
+  std::vector<std::byte> bytes(n);
+  for (std::size_t i = 0; i < n; ++i) bytes[i] = static_cast<std::byte>((i * 131 + seed) & 0xff);
+  return bytes;
+}
+
+class VerbsBackend : public ::testing::Test {
+ protected:
+  void SetUp() override { fabric.reset(); }
+  void TearDown() override { EXPECT_EQ(fabric.overruns(), 0u) << "the backend overran a send queue"; }
+
+  std::shared_ptr<Backend> make(Config config = {}) {
+    auto backend = Backend::create(config, fabric.api());
+    if (!backend) throw std::runtime_error(backend.error().message());
+    return std::move(backend).value();
+  }
+
+  /// Connects `a` (initiator) to `b`; returns a's peer id for b.
+  static PeerId connect(Backend& a, Backend& b) {
+    auto offer = answered(a.async_peer_offer(asio::use_future)).value();
+    auto reply = answered(b.async_peer_accept(offer.blob, asio::use_future)).value();
+    answered(a.async_peer_complete(offer.peer, reply.blob, asio::use_future)).value();
+    return offer.peer;
+  }
+
+  static BackendRegion map(Backend& backend, std::vector<std::byte>& memory, Access access) {
+    return answered(backend.async_map(memory.data(), memory.size(), access, asio::use_future)).value();
+  }
+
+  /// Reads `len` bytes from the start of `remote_bytes` (exported as `remote`).
+  static Result<void> get(Backend& backend, PeerId peer, const BackendRegion& local, const BackendRegion& remote,
+                          const std::vector<std::byte>& remote_bytes, std::uint64_t len) {
+    GetRequest request{peer, local.id, 0, address(remote_bytes), len, remote.packed_key};
+    return answered(backend.async_get(std::move(request), asio::use_future));
+  }
+
+  SoftVerbs& fabric = SoftVerbs::instance();
+};
+
+// ---- opening a device ------------------------------------------------------
+
+TEST_F(VerbsBackend, AKernelWithoutRdmaIsNotConfiguredAndSaysSo) {
+  fabric.reset(SoftVerbsConfig{.no_kernel_support = true});
+  auto backend = Backend::create({}, fabric.api());
+  ASSERT_FALSE(backend);
+  EXPECT_TRUE(backend.error().is(errc::not_configured));
+  EXPECT_NE(backend.error().detail.find("ENOSYS"), std::string::npos) << backend.error().message();
+}
+
+TEST_F(VerbsBackend, NoDeviceOrAnUnknownNameIsNotConfigured) {
+  fabric.reset(SoftVerbsConfig{.device_count = 0});
+  auto none = Backend::create({}, fabric.api());
+  ASSERT_FALSE(none);
+  EXPECT_TRUE(none.error().is(errc::not_configured));
+  EXPECT_NE(none.error().detail.find("no RDMA device"), std::string::npos) << none.error().message();
+
+  fabric.reset();
+  Config named;
+  named.device = "mlx5_9";
+  auto unknown = Backend::create(named, fabric.api());
+  ASSERT_FALSE(unknown);
+  EXPECT_TRUE(unknown.error().is(errc::not_configured));
+  EXPECT_NE(unknown.error().detail.find("soft0"), std::string::npos) << "should list what exists";
+  EXPECT_EQ(fabric.open_contexts(), 0u) << "a refused start leaves nothing open";
+}
+
+TEST_F(VerbsBackend, AnIncompleteFunctionTableIsNotConfigured) {
+  auto partial = std::make_shared<IbvApi>(*fabric.api());
+  partial->post_send = nullptr;
+  auto backend = Backend::create({}, partial);
+  ASSERT_FALSE(backend);
+  EXPECT_TRUE(backend.error().is(errc::not_configured));
+  EXPECT_NE(backend.error().detail.find("post_send"), std::string::npos) << backend.error().message();
+}
+
+TEST_F(VerbsBackend, TheRealLibraryOpensADeviceOrSaysWhyNot) {
+  auto backend = Backend::create(Config{});
+  if (backend) {
+    std::cout << "[          ] opened " << backend.value()->device_name() << '\n';
+    SUCCEED();
+  } else {
+    std::cout << "[          ] " << backend.error().message() << '\n';
+    EXPECT_TRUE(backend.error().is(errc::not_configured)) << backend.error().message();
+    EXPECT_FALSE(backend.error().detail.empty());
+  }
+}
+
+TEST_F(VerbsBackend, RoceAddressesByARoceV2GidAndMovesBytes) {
+  ibv_gid v1{}, v2{};
+  v1.raw[15] = 1;
+  v2.raw[10] = 0xff;
+  v2.raw[11] = 0xff;
+  v2.raw[15] = 2;
+  fabric.reset(SoftVerbsConfig{.link_layer = IBV_LINK_LAYER_ETHERNET,
+                               .gids = {{v1, IBV_GID_TYPE_ROCE_V1}, {v2, IBV_GID_TYPE_ROCE_V2}}});
+  auto a = make();
+  auto b = make();
+  const auto peer = connect(*a, *b);
+  auto source = pattern(8192, 3);
+  std::vector<std::byte> sink(8192);
+  auto remote = map(*b, source, Access::remote_read);
+  auto local = map(*a, sink, Access::local);
+  auto r = get(*a, peer, local, remote, source, sink.size());
+  ASSERT_TRUE(r) << r.error().message();
+  EXPECT_EQ(sink, source);
+}
+
+TEST_F(VerbsBackend, RegistrationReportsPageRoundedRangeAndLeastAccess) {
+  auto backend = make();
+  std::vector<std::byte> memory(10000);
+  auto local = map(*backend, memory, Access::local);
+  EXPECT_TRUE(local.packed_key.empty()) << "local-only memory gets no key";
+  EXPECT_LE(local.effective_addr, reinterpret_cast<std::uint64_t>(memory.data()));
+  EXPECT_GE(local.effective_addr + local.effective_len, reinterpret_cast<std::uint64_t>(memory.data()) + 10000);
+  EXPECT_EQ(local.effective_addr % 4096, 0u);
+  EXPECT_EQ(local.effective_len % 4096, 0u);
+  auto exported = map(*backend, memory, Access::remote_read);
+  auto key = wire::decode_key(exported.packed_key);
+  ASSERT_TRUE(key);
+  EXPECT_EQ(key.value().addr, reinterpret_cast<std::uint64_t>(memory.data()));
+  EXPECT_EQ(key.value().len, memory.size());
+  EXPECT_EQ(fabric.live_mrs(), 2u);
+  EXPECT_TRUE(answered(backend->async_unmap(local.id, asio::use_future)));
+  EXPECT_TRUE(answered(backend->async_unmap(exported.id, asio::use_future)));
+  EXPECT_EQ(fabric.live_mrs(), 0u);
+  EXPECT_EQ(backend->live_registrations(), 0u);
+}
+
+// ---- chunking and back-pressure ------------------------------------------
+
+TEST_F(VerbsBackend, ATransferOfTwoAndAHalfMaxMessagesPostsThreeWorkRequests) {
+  constexpr std::uint32_t max_msg = 64 * 1024;
+  fabric.reset(SoftVerbsConfig{.max_msg_sz = max_msg});
+  auto a = make();
+  auto b = make();
+  ASSERT_EQ(a->max_message_size(), max_msg);
+  const auto peer = connect(*a, *b);
+  const std::size_t len = max_msg * 5 / 2;
+  auto remote_bytes = pattern(len, 7);
+  std::vector<std::byte> local_bytes(len);
+  auto remote = map(*b, remote_bytes, Access::remote_read_write);
+  auto local = map(*a, local_bytes, Access::local);
+
+  const auto before = fabric.work_requests_posted();
+  auto r = get(*a, peer, local, remote, remote_bytes, len);
+  ASSERT_TRUE(r) << r.error().message();
+  EXPECT_EQ(fabric.work_requests_posted() - before, 3u);
+  EXPECT_EQ(local_bytes, remote_bytes);
+
+  const auto fresh = pattern(len, 99);
+  std::copy(fresh.begin(), fresh.end(), local_bytes.begin());  // the registered buffer itself
+  PutRequest put{peer, local.id, 0, address(remote_bytes), len, remote.packed_key};
+  auto p = answered(a->async_put(std::move(put), asio::use_future));
+  ASSERT_TRUE(p) << p.error().message();
+  EXPECT_EQ(fabric.work_requests_posted() - before, 6u);
+  EXPECT_EQ(remote_bytes, local_bytes);
+}
+
+TEST_F(VerbsBackend, TenTimesTheSendQueueDepthAllCompleteWithoutAnOverrun) {
+  constexpr std::uint32_t depth = 8;
+  Config shallow;
+  shallow.send_queue_depth = depth;
+  auto a = make(shallow);
+  auto b = make();
+  const auto peer = connect(*a, *b);
+  constexpr std::size_t count = 10 * depth;
+  constexpr std::size_t slice = 256;
+  auto remote_bytes = pattern(count * slice, 5);
+  std::vector<std::byte> local_bytes(count * slice);
+  auto remote = map(*b, remote_bytes, Access::remote_read);
+  auto local = map(*a, local_bytes, Access::local);
+
+  fabric.hold_work();  // everything is issued before anything completes
+  std::vector<std::future<Result<void>>> gets;
+  for (std::size_t i = 0; i < count; ++i) {
+    GetRequest request{peer, local.id, i * slice, address(remote_bytes) + i * slice, slice, remote.packed_key};
+    gets.push_back(a->async_get(std::move(request), asio::use_future));
+  }
+  ASSERT_TRUE(fabric.wait_until([&] { return fabric.work_requests_executing_or_queued() == depth; }, 5s))
+      << "the backend should post exactly a queue's worth and keep the rest";
+  fabric.release_work();
+  for (std::size_t i = 0; i < count; ++i) {
+    auto r = answered(std::move(gets[i]));
+    EXPECT_TRUE(r) << i << ": " << r.error().message();
+  }
+  EXPECT_EQ(local_bytes, remote_bytes);
+  EXPECT_EQ(fabric.overruns(), 0u);
+  EXPECT_LE(fabric.max_outstanding(), depth);
+  EXPECT_EQ(fabric.work_requests_posted(), count);
+}
+
+// ---- faults ----------------------------------------------------------------
+
+TEST_F(VerbsBackend, ARemoteAccessErrorFailsThatTransferOnly) {
+  auto a = make();
+  auto b = make();
+  auto c = make();
+  const auto to_b = connect(*a, *b);
+  const auto to_c = connect(*a, *c);
+  auto b_bytes = pattern(4096, 1);
+  auto c_bytes = pattern(4096, 2);
+  std::vector<std::byte> sink_b(4096), sink_c(4096);
+  auto remote_b = map(*b, b_bytes, Access::remote_read);
+  auto remote_c = map(*c, c_bytes, Access::remote_read);
+  auto local_b = map(*a, sink_b, Access::local);
+  auto local_c = map(*a, sink_c, Access::local);
+
+  fabric.hold_work();
+  fabric.fail_next_completion(IBV_WC_REM_ACCESS_ERR);
+  GetRequest faulty{to_b, local_b.id, 0, address(b_bytes), 4096, remote_b.packed_key};
+  auto failed = a->async_get(std::move(faulty), asio::use_future);
+  ASSERT_TRUE(fabric.wait_until([&] { return fabric.work_requests_executing_or_queued() == 1; }, 5s));
+  GetRequest healthy{to_c, local_c.id, 0, address(c_bytes), 4096, remote_c.packed_key};
+  auto fine = a->async_get(std::move(healthy), asio::use_future);
+  ASSERT_TRUE(fabric.wait_until([&] { return fabric.work_requests_executing_or_queued() == 2; }, 5s));
+  fabric.release_work();
+
+  auto r = answered(std::move(failed));
+  ASSERT_FALSE(r);
+  EXPECT_TRUE(r.error().is(errc::backend)) << r.error().message();
+  EXPECT_EQ(r.error().cause.category(), completion_category());
+  EXPECT_EQ(r.error().cause.value(), IBV_WC_REM_ACCESS_ERR);
+  EXPECT_FALSE(r.error().cause.message().empty());
+  auto ok = answered(std::move(fine));
+  EXPECT_TRUE(ok) << ok.error().message();
+  EXPECT_EQ(sink_c, c_bytes);
+
+  // The faulted queue pair is in the error state: that peer is broken, and says so.
+  auto later = get(*a, to_b, local_b, remote_b, b_bytes, 4096);
+  ASSERT_FALSE(later);
+  EXPECT_TRUE(later.error().is(errc::peer_unreachable)) << later.error().message();
+  EXPECT_TRUE(get(*a, to_c, local_c, remote_c, c_bytes, 4096));
+}
+
+TEST_F(VerbsBackend, AQueuePairInErrorFailsItsInFlightWorkAndThePeerIsUnreachable) {
+  auto a = make();
+  auto b = make();
+  const auto peer = connect(*a, *b);
+  auto source = pattern(4 * 4096, 4);
+  std::vector<std::byte> sink(4 * 4096);
+  auto remote = map(*b, source, Access::remote_read);
+  auto local = map(*a, sink, Access::local);
+
+  fabric.hold_work();
+  std::vector<std::future<Result<void>>> gets;
+  for (std::uint64_t i = 0; i < 4; ++i) {
+    GetRequest request{peer, local.id, i * 4096, address(source) + i * 4096, 4096, remote.packed_key};
+    gets.push_back(a->async_get(std::move(request), asio::use_future));
+  }
+  ASSERT_TRUE(fabric.wait_until([&] { return fabric.work_requests_executing_or_queued() == 4; }, 5s));
+  fabric.move_qps_to_error();
+  fabric.release_work();
+  for (auto& g : gets) {
+    auto r = answered(std::move(g));
+    ASSERT_FALSE(r);
+    EXPECT_TRUE(r.error().is(errc::peer_unreachable)) << r.error().message();
+  }
+  EXPECT_EQ(a->transfers_in_flight(), 0u);
+  auto later = get(*a, peer, local, remote, source, 4096);
+  ASSERT_FALSE(later);
+  EXPECT_TRUE(later.error().is(errc::peer_unreachable)) << later.error().message();
+  // The region those transfers pinned is free to go.
+  EXPECT_TRUE(answered(a->async_unmap(local.id, asio::use_future)));
+  EXPECT_EQ(a->live_registrations(), 0u);
+}
+
+TEST_F(VerbsBackend, AFatalQueuePairEventBreaksThePeer) {
+  auto a = make();
+  auto b = make();
+  const auto peer = connect(*a, *b);
+  auto source = pattern(4096, 6);
+  std::vector<std::byte> sink(4096);
+  auto remote = map(*b, source, Access::remote_read);
+  auto local = map(*a, sink, Access::local);
+  ASSERT_TRUE(get(*a, peer, local, remote, source, 4096));
+
+  fabric.raise_async_event(IBV_EVENT_QP_FATAL);
+  // Each backend reads and acknowledges its event on its progress thread.
+  ASSERT_TRUE(fabric.wait_until([&] { return fabric.unacked_async_events() == 0; }, 5s));
+  ASSERT_TRUE(fabric.wait_until(
+      [&] {
+        auto r = get(*a, peer, local, remote, source, 4096);
+        return !r && r.error().is(errc::peer_unreachable);
+      },
+      5s))
+      << "transfers to a peer whose queue pair is fatal must answer peer_unreachable";
+}
+
+TEST_F(VerbsBackend, OutOfMemoryOnRegistrationIsABackendErrorAndReleasesTheBudget) {
+  auto backend = make();
+  Registry registry(backend, RegistryConfig{1 << 20, 0});
+  std::vector<std::byte> memory(64 * 1024);
+  fabric.fail_next_reg_mr(ENOMEM);
+  auto refused = answered(registry.async_register(memory, Access::remote_read, asio::use_future));
+  ASSERT_FALSE(refused);
+  EXPECT_TRUE(refused.error().is(errc::backend)) << refused.error().message();
+  EXPECT_NE(refused.error().detail.find("ibv_reg_mr"), std::string::npos) << refused.error().message();
+  const auto stats = registry.stats();
+  EXPECT_EQ(stats.registered_bytes, 0u);
+  EXPECT_EQ(stats.reserved_bytes, 0u);
+  EXPECT_EQ(stats.failed_backend, 1u);
+  EXPECT_EQ(backend->live_registrations(), 0u);
+
+  auto retried = answered(registry.async_register(memory, Access::remote_read, asio::use_future));
+  ASSERT_TRUE(retried) << retried.error().message();
+  EXPECT_GE(registry.stats().registered_bytes, 64u * 1024) << "the page-enclosing length is charged";
+}
+
+TEST_F(VerbsBackend, APutIntoMemoryExportedForReadOnlyIsRefusedByTheNic) {
+  auto a = make();
+  auto b = make();
+  const auto peer = connect(*a, *b);
+  auto target = pattern(4096, 8);
+  const auto original = target;
+  auto source = pattern(4096, 9);
+  auto remote = map(*b, target, Access::remote_read);  // no remote write
+  auto local = map(*a, source, Access::local);
+  PutRequest put{peer, local.id, 0, address(target), 4096, remote.packed_key};
+  auto r = answered(a->async_put(std::move(put), asio::use_future));
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().cause.value(), IBV_WC_REM_ACCESS_ERR) << r.error().message();
+  EXPECT_EQ(target, original) << "a refused put must not change a byte";
+}
+
+TEST_F(VerbsBackend, AGetFromMemoryWithoutRemoteReadIsRefusedByTheNic) {
+  auto a = make();
+  auto b = make();
+  const auto peer = connect(*a, *b);
+  auto secret = pattern(4096, 10);
+  std::vector<std::byte> sink(4096);
+  auto private_region = map(*b, secret, Access::local);  // registered, not exported
+  auto local = map(*a, sink, Access::local);
+  // A peer that learned (or guessed) the rkey forges a key for it: the NIC's
+  // access check is what stops it.
+  const auto rkey = fabric.rkey_of(secret.data());
+  ASSERT_TRUE(rkey.has_value());
+  const auto forged = wire::encode_key({*rkey, reinterpret_cast<std::uint64_t>(secret.data()), secret.size()});
+  GetRequest request{peer, local.id, 0, reinterpret_cast<std::uint64_t>(secret.data()), 4096, forged};
+  auto r = answered(a->async_get(std::move(request), asio::use_future));
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().cause.value(), IBV_WC_REM_ACCESS_ERR) << r.error().message();
+  EXPECT_EQ(sink, std::vector<std::byte>(4096)) << "no secret byte may arrive";
+  (void)private_region;
+}
+
+TEST_F(VerbsBackend, ShutdownReleasesEveryProviderObject) {
+  {
+    auto a = make();
+    auto b = make();
+    connect(*a, *b);
+    std::vector<std::byte> memory(4096);
+    map(*a, memory, Access::remote_read);
+    EXPECT_TRUE(answered(a->async_shutdown(asio::use_future)));
+    EXPECT_EQ(a->live_registrations(), 0u);
+  }
+  EXPECT_EQ(fabric.live_mrs(), 0u);
+  EXPECT_EQ(fabric.live_qps(), 0u);
+  EXPECT_EQ(fabric.live_cqs(), 0u);
+  EXPECT_EQ(fabric.live_pds(), 0u);
+  EXPECT_EQ(fabric.open_contexts(), 0u);
+  EXPECT_EQ(fabric.misuses(), 0u);
+}
+
+}  // namespace
+}  // namespace corma::verbs

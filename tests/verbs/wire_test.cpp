@@ -1,0 +1,102 @@
+// The verbs backend's wire records: round trips, and every malformed or
+// truncated record refused with the right code.
+#include "wire.hpp"
+
+#include <gtest/gtest.h>
+
+namespace corma::verbs::wire {
+namespace {
+
+QpEndpoint sample_endpoint() {
+  QpEndpoint e;
+  e.qp_num = 0x123456;
+  e.psn = 0xabcdef;
+  e.lid = 7;
+  e.has_gid = true;
+  for (std::size_t i = 0; i < e.gid.size(); ++i) e.gid[i] = static_cast<std::uint8_t>(i * 13);
+  e.mtu = 4096;
+  return e;
+}
+
+TEST(VerbsWire, PackedKeyRoundTrips) {
+  const RemoteKey key{0xdeadbeef, 0x7f0000001000, 12345};
+  auto decoded = decode_key(encode_key(key));
+  ASSERT_TRUE(decoded) << decoded.error().message();
+  EXPECT_EQ(decoded.value().rkey, key.rkey);
+  EXPECT_EQ(decoded.value().addr, key.addr);
+  EXPECT_EQ(decoded.value().len, key.len);
+}
+
+TEST(VerbsWire, EveryTruncationAndExtensionOfAKeyIsInvalid) {
+  const auto key = encode_key({1, 4096, 4096});
+  for (std::size_t n = 0; n < key.size(); ++n) {
+    PackedKey cut(key.begin(), key.begin() + static_cast<std::ptrdiff_t>(n));
+    auto r = decode_key(cut);
+    ASSERT_FALSE(r) << n;
+    EXPECT_TRUE(r.error().is(errc::invalid_key)) << n << ": " << r.error().message();
+  }
+  auto longer = key;
+  longer.push_back(std::byte{0});
+  EXPECT_TRUE(decode_key(longer).error().is(errc::invalid_key));
+  EXPECT_TRUE(decode_key(PackedKey(max_packed_key_size + 1)).error().is(errc::invalid_key));
+}
+
+TEST(VerbsWire, EveryFlippedByteOfAKeyIsNoticed) {
+  const auto key = encode_key({0x1234, 0x7f0000001000, 4096});
+  for (std::size_t i = 0; i < key.size(); ++i) {
+    for (auto flip : {std::byte{0x01}, std::byte{0x80}}) {
+      auto bad = key;
+      bad[i] ^= flip;
+      auto r = decode_key(bad);
+      ASSERT_FALSE(r) << "flipping byte " << i << " went unnoticed";
+      EXPECT_TRUE(r.error().is(errc::invalid_key));
+    }
+  }
+}
+
+TEST(VerbsWire, KeysWithAWrongMagicVersionOrRangeAreInvalid) {
+  auto bad_magic = encode_key({1, 4096, 4096});
+  bad_magic[0] ^= std::byte{1};
+  EXPECT_TRUE(decode_key(bad_magic).error().is(errc::invalid_key));
+  auto bad_version = encode_key({1, 4096, 4096});
+  bad_version[4] = std::byte{2};
+  EXPECT_TRUE(decode_key(bad_version).error().is(errc::invalid_key));
+  EXPECT_TRUE(decode_key(encode_key({1, 4096, 0})).error().is(errc::invalid_key));
+  EXPECT_TRUE(decode_key(encode_key({1, ~0ULL - 10, 100})).error().is(errc::invalid_key));
+}
+
+TEST(VerbsWire, EndpointRoundTrips) {
+  const auto e = sample_endpoint();
+  auto decoded = decode_endpoint(encode_endpoint(e));
+  ASSERT_TRUE(decoded) << decoded.error().message();
+  EXPECT_EQ(decoded.value(), e);
+}
+
+TEST(VerbsWire, EveryTruncationOfAnEndpointIsAProtocolError) {
+  const auto blob = encode_endpoint(sample_endpoint());
+  for (std::size_t n = 0; n < blob.size(); ++n) {
+    std::vector<std::byte> cut(blob.begin(), blob.begin() + static_cast<std::ptrdiff_t>(n));
+    auto r = decode_endpoint(cut);
+    ASSERT_FALSE(r) << n;
+    EXPECT_TRUE(r.error().is(errc::protocol)) << n;
+  }
+}
+
+TEST(VerbsWire, EndpointsNoQueuePairCouldHaveAreRefused) {
+  auto wide_qpn = sample_endpoint();
+  wide_qpn.qp_num = 1U << 24;
+  EXPECT_TRUE(decode_endpoint(encode_endpoint(wide_qpn)).error().is(errc::protocol));
+  auto wide_psn = sample_endpoint();
+  wide_psn.psn = 1U << 24;
+  EXPECT_TRUE(decode_endpoint(encode_endpoint(wide_psn)).error().is(errc::protocol));
+  auto odd_mtu = sample_endpoint();
+  odd_mtu.mtu = 1500;
+  EXPECT_TRUE(decode_endpoint(encode_endpoint(odd_mtu)).error().is(errc::protocol));
+  auto blob = encode_endpoint(sample_endpoint());
+  blob[4 + 1 + 4 + 4 + 2] = std::byte{2};  // the GID flag
+  EXPECT_TRUE(decode_endpoint(blob).error().is(errc::protocol));
+  EXPECT_TRUE(decode_endpoint(std::vector<std::byte>(max_peer_blob_size + 1)).error().is(errc::protocol));
+}
+
+}  // namespace
+}  // namespace corma::verbs::wire
