@@ -411,21 +411,7 @@ void Backend::Engine::run_peer_close(const std::shared_ptr<VoidOp>& op, PeerId i
 
 // ---- shutdown ----
 
-void Backend::Engine::run_shutdown(const std::shared_ptr<VoidOp>& op) {
-  if (torn_down) {
-    if (op) answer(*op, success());
-    return;
-  }
-  closing = true;
-  using clock = std::chrono::steady_clock;
-
-  // Maps registered but not yet answered are undone.
-  undo_delayed_maps();
-
-  // Transfers in flight get until the deadline to finish.
-  const auto deadline = clock::now() + config.shutdown_timeout;
-  while (!transfers.empty() && clock::now() < deadline) progress();
-
+void Backend::Engine::close_peers() {
   // Endpoints: flushed when healthy and idle, forced otherwise (which also
   // makes UCX fail whatever is still in flight on them).
   const bool force_all = !transfers.empty();
@@ -439,28 +425,17 @@ void Backend::Engine::run_shutdown(const std::shared_ptr<VoidOp>& op) {
     if (request != nullptr && !UCS_PTR_IS_ERR(request)) closing_endpoints.push_back(Closing{request, {}, std::nullopt});
   }
   peers.clear();
-  const auto close_deadline = clock::now() + config.shutdown_timeout;
-  while (!closing_endpoints.empty() && clock::now() < close_deadline) progress();
+  progress_until([this] { return closing_endpoints.empty(); });
   for (auto& c : closing_endpoints) {
     if (c.op) answer(*c.op, shut_down_error());
   }
   closing_endpoints.clear();  // the worker's destruction releases them
+}
 
-  // Whatever UCX did not complete is answered now; the worker's destruction
-  // ends it.
-  for (auto& [id, base] : transfers) {
-    auto& transfer = static_cast<UcxTransferOp&>(*base);
-    if (transfer.owns_rkey) ucp_rkey_destroy(transfer.rkey);
-    transfer.rkey = nullptr;
-    answer(transfer, shut_down_error());
-  }
-  in_flight.store(0, std::memory_order_release);
-
-  unmap_all();
-  tear_down();
-  // Requests still referencing transfer ops died with the worker.
-  transfers.clear();
-  if (op) answer(*op, success());
+void Backend::Engine::forget_transfer(TransferOp& op) {
+  auto& transfer = static_cast<UcxTransferOp&>(op);
+  if (transfer.owns_rkey) ucp_rkey_destroy(transfer.rkey);
+  transfer.rkey = nullptr;
 }
 
 }  // namespace corma::ucx

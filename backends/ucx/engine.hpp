@@ -68,7 +68,9 @@ struct Backend::Engine final : backend_kit::EngineCore {
   void run_peer_accept(const std::shared_ptr<ValueOp<PeerAnswer>>& op) override;
   void run_peer_complete(const std::shared_ptr<ValueOp<void>>& op) override;
   void run_peer_close(const std::shared_ptr<VoidOp>& op, PeerId id) override;
-  void run_shutdown(const std::shared_ptr<VoidOp>& op) override;
+  void close_peers() override;
+  void forget_transfer(TransferOp& op) override;
+  void tear_down() override;
   std::size_t progress() override;
   bool arm_for_sleep() override;
 
@@ -84,7 +86,6 @@ struct Backend::Engine final : backend_kit::EngineCore {
   /// never will; release the callers and the regions those transfers pinned.
   void orphan_transfers_of(PeerId peer);
   void poll_closing();
-  void tear_down();
 
   static void on_transfer_done(void* request, ucs_status_t status, void* user_data);
   static void on_endpoint_error(void* arg, ucp_ep_h ep, ucs_status_t status);

@@ -83,6 +83,7 @@ Result<void> Backend::Engine::start() {
 
 void Backend::Engine::tear_down() {
   stop_deadline_sweep();
+  while (!peers.empty()) destroy_peer(peers.begin());
   boost::system::error_code ignored;
   if (cq_wake) cq_wake->close(ignored);
   if (async_wake) async_wake->close(ignored);
@@ -512,32 +513,11 @@ void Backend::Engine::drain_async_events() {
 
 // ---- shutdown ----
 
-void Backend::Engine::run_shutdown(const std::shared_ptr<VoidOp>& op) {
-  if (torn_down) {
-    if (op) answer(*op, success());
-    return;
-  }
-  closing = true;
-  using clock = std::chrono::steady_clock;
-  undo_delayed_maps();
-
-  // Transfers in flight get until the deadline to finish; then every queue
-  // pair is moved to the error state and its work flushes.
-  const auto deadline = clock::now() + config.shutdown_timeout;
-  while (!transfers.empty() && clock::now() < deadline) progress();
+void Backend::Engine::close_peers() {
+  // Every queue pair to the error state: its posted work flushes, its
+  // backlog is failed unposted.
   for (auto& [id, peer] : peers) break_peer(peer, shut_down_error());
-  const auto flush_deadline = clock::now() + config.shutdown_timeout;
-  while (outstanding_total > 0 && clock::now() < flush_deadline) progress();
-
-  // What the provider never completed is answered now; destroying the queue
-  // pairs ends it.
-  for (auto& [id, transfer] : transfers) answer(*transfer, shut_down_error());
-  transfers.clear();
-  in_flight.store(0, std::memory_order_release);
-  while (!peers.empty()) destroy_peer(peers.begin());
-  unmap_all();
-  tear_down();
-  if (op) answer(*op, success());
+  progress_until([this] { return outstanding_total == 0; });
 }
 
 }  // namespace corma::verbs

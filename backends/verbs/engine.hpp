@@ -65,7 +65,8 @@ struct Backend::Engine final : backend_kit::EngineCore {
   void run_peer_accept(const std::shared_ptr<ValueOp<PeerAnswer>>& op) override;
   void run_peer_complete(const std::shared_ptr<ValueOp<void>>& op) override;
   void run_peer_close(const std::shared_ptr<VoidOp>& op, PeerId id) override;
-  void run_shutdown(const std::shared_ptr<VoidOp>& op) override;
+  void close_peers() override;
+  void tear_down() override;
   std::size_t progress() override;
   bool arm_for_sleep() override;
 
@@ -93,7 +94,6 @@ struct Backend::Engine final : backend_kit::EngineCore {
   void arm_async_watch();
   void drain_async_events();
   void consume_cq_events();
-  void tear_down();
 
   const Config config;
   const std::shared_ptr<const IbvApi> api;

@@ -56,6 +56,35 @@ void EngineCore::run_until_quit() {
   }
 }
 
+// ---- shutdown ----
+
+void EngineCore::run_shutdown(const std::shared_ptr<VoidOp>& op) {
+  if (torn_down) {
+    if (op) answer(*op, success());
+    return;
+  }
+  closing = true;
+  // Maps registered but not yet answered are undone.
+  undo_delayed_maps();
+  // Transfers in flight get until the deadline to finish.
+  progress_until([this] { return transfers.empty(); });
+  close_peers();
+  // Whatever the provider did not complete is answered now; tearing the
+  // provider down ends it.
+  for (auto& [id, transfer] : transfers) {
+    forget_transfer(*transfer);
+    answer(*transfer, shut_down_error());
+  }
+  in_flight.store(0, std::memory_order_release);
+  unmap_all();
+  tear_down();
+  // Provider requests that still referenced transfer ops died with it.
+  transfers.clear();
+  if (op) answer(*op, success());
+}
+
+void EngineCore::forget_transfer(TransferOp&) {}
+
 // ---- map / unmap ----
 
 void EngineCore::run_map(const std::shared_ptr<MapOp>& op) {

@@ -86,8 +86,13 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   virtual void run_peer_accept(const std::shared_ptr<ValueOp<PeerAnswer>>& op) = 0;
   virtual void run_peer_complete(const std::shared_ptr<ValueOp<void>>& op) = 0;
   virtual void run_peer_close(const std::shared_ptr<VoidOp>& op, PeerId id) = 0;
-  /// Section 6 of the design; `op` may be empty (the destructor's shutdown).
-  virtual void run_shutdown(const std::shared_ptr<VoidOp>& op) = 0;
+  /// Shutdown, once transfers had their chance: flush or close every peer
+  /// (bounded by the shutdown timeout), failing what is still in flight.
+  virtual void close_peers() = 0;
+  /// Shutdown: a transfer the provider never finished is about to be answered.
+  virtual void forget_transfer(TransferOp& op);
+  /// Destroys every provider handle; regions are already unmapped.
+  virtual void tear_down() = 0;
   /// Drives the provider; the number of events handled (0: idle).
   virtual std::size_t progress() = 0;
   /// Prepares to sleep until the provider has events (arms its fd watch).
@@ -101,6 +106,13 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   [[nodiscard]] bool closed() const noexcept { return closing || torn_down; }
   [[nodiscard]] Error shut_down_error() const;
   [[nodiscard]] Error provider_error(errc code, const std::string& what) const;
+
+  /// Section 6 of the design, with the provider's hooks; `op` may be empty
+  /// (the destructor's shutdown).
+  void run_shutdown(const std::shared_ptr<VoidOp>& op);
+  /// Drives progress() until `done` holds or the shutdown timeout passes.
+  template <class Done>
+  void progress_until(Done done);
 
   void run_map(const std::shared_ptr<MapOp>& op);
   void cancel_map(const std::shared_ptr<MapOp>& op);
@@ -116,10 +128,6 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   std::shared_ptr<TransferOp> untrack(std::uint64_t id);
   /// The transfer that pinned `id` is over: an unmap waiting for it runs.
   void unpin(RegionId id);
-  /// Undoes maps registered but not yet answered (shutdown).
-  void undo_delayed_maps();
-  /// Unmaps every region (shutdown) and answers their unmap waiters.
-  void unmap_all();
   /// Stops the deadline sweep (the provider is being torn down).
   void stop_deadline_sweep();
 
@@ -141,6 +149,8 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
 
  private:
   void run_until_quit();
+  void undo_delayed_maps();
+  void unmap_all();
   void deliver_map(const std::shared_ptr<MapOp>& op);
   void release_region(RegionId id);
   void unmap_now(RegionTable::iterator it);
@@ -153,6 +163,12 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   std::optional<asio::steady_timer> deadline_sweep_;
   bool sweep_armed_ = false;
 };
+
+template <class Done>
+void EngineCore::progress_until(Done done) {
+  const auto deadline = std::chrono::steady_clock::now() + settings.shutdown_timeout;
+  while (!done() && std::chrono::steady_clock::now() < deadline) progress();
+}
 
 template <class Command, class Refuse>
 void EngineCore::submit(Command command, Refuse refuse) {

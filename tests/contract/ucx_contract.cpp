@@ -2,6 +2,7 @@
 // handling, trusted peers so RMA is on) and over shared memory (error
 // handling none).
 #include "contract/backend_contract.hpp"
+#include "contract/engine_subject.hpp"
 
 #include <corma/ucx.hpp>
 
@@ -11,22 +12,7 @@ namespace corma::contract {
 namespace {
 
 ContractSubject make_ucx_subject(ucx::Config config) {
-  auto backend = ucx::Backend::create(config).value();
-  std::weak_ptr<ucx::Backend> weak = backend;
-  ContractSubject subject;
-  subject.backend = backend;
-  subject.transfers_in_flight = [weak]() -> std::size_t {
-    auto b = weak.lock();
-    return b ? b->transfers_in_flight() : 0;
-  };
-  subject.set_map_delay = [weak](std::chrono::nanoseconds delay) {
-    if (auto b = weak.lock()) b->set_map_answer_delay(delay);
-  };
-  subject.maps_handed_off = [weak]() -> std::size_t {
-    auto b = weak.lock();
-    return b ? b->maps_answered() : 0;
-  };
-  return subject;
+  return make_engine_subject(ucx::Backend::create(config).value());
 }
 
 ContractSubject make_tcp() {

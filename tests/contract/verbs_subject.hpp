@@ -2,7 +2,7 @@
 // software provider in CI, libibverbs on a machine with a device.
 #pragma once
 
-#include "contract/contract_subject.hpp"
+#include "contract/engine_subject.hpp"
 
 #include <corma/verbs.hpp>
 
@@ -19,22 +19,8 @@ inline verbs::Config verbs_contract_config() {
 
 /// `api` null: libibverbs (the real device).
 inline ContractSubject make_verbs_subject(const verbs::Config& config, std::shared_ptr<const verbs::IbvApi> api) {
-  auto backend = (api ? verbs::Backend::create(config, std::move(api)) : verbs::Backend::create(config)).value();
-  std::weak_ptr<verbs::Backend> weak = backend;
-  ContractSubject subject;
-  subject.backend = backend;
-  subject.transfers_in_flight = [weak]() -> std::size_t {
-    auto b = weak.lock();
-    return b ? b->transfers_in_flight() : 0;
-  };
-  subject.set_map_delay = [weak](std::chrono::nanoseconds delay) {
-    if (auto b = weak.lock()) b->set_map_answer_delay(delay);
-  };
-  subject.maps_handed_off = [weak]() -> std::size_t {
-    auto b = weak.lock();
-    return b ? b->maps_answered() : 0;
-  };
-  return subject;
+  auto backend = api ? verbs::Backend::create(config, std::move(api)) : verbs::Backend::create(config);
+  return make_engine_subject(std::move(backend).value());
 }
 
 }  // namespace corma::contract

@@ -1,0 +1,31 @@
+// A progress-thread backend (UCX, verbs: any detail::EngineBackend) as a
+// contract subject: the observations and the map-delay hook they all share.
+#pragma once
+
+#include "contract/contract_subject.hpp"
+
+#include <corma/detail/engine_backend.hpp>
+
+#include <memory>
+
+namespace corma::contract {
+
+inline ContractSubject make_engine_subject(std::shared_ptr<detail::EngineBackend> backend) {
+  std::weak_ptr<detail::EngineBackend> weak = backend;
+  ContractSubject subject;
+  subject.backend = std::move(backend);
+  subject.transfers_in_flight = [weak]() -> std::size_t {
+    auto b = weak.lock();
+    return b ? b->transfers_in_flight() : 0;
+  };
+  subject.set_map_delay = [weak](std::chrono::nanoseconds delay) {
+    if (auto b = weak.lock()) b->set_map_answer_delay(delay);
+  };
+  subject.maps_handed_off = [weak]() -> std::size_t {
+    auto b = weak.lock();
+    return b ? b->maps_answered() : 0;
+  };
+  return subject;
+}
+
+}  // namespace corma::contract
