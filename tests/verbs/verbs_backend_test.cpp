@@ -72,6 +72,35 @@ class VerbsBackend : public ::testing::Test {
     return answered(backend.async_get(std::move(request), asio::use_future));
   }
 
+  /// Two backends, `a` connected to `b`; `b` exports `source` (a pattern)
+  /// with `remote_access`, `a` registers `sink` (zeros) locally.
+  struct Link {
+    std::shared_ptr<Backend> a, b;
+    PeerId peer{};
+    std::vector<std::byte> source, sink;
+    BackendRegion remote, local;
+
+    /// Reads the first `len` bytes of `source` into `sink`.
+    [[nodiscard]] Result<void> get(std::uint64_t len) const { return VerbsBackend::get(*a, peer, local, remote, source, len); }
+    /// The i-th `len`-byte slice, from source into sink, not yet awaited.
+    [[nodiscard]] std::future<Result<void>> start_get(std::uint64_t i, std::uint64_t len) const {
+      GetRequest request{peer, local.id, i * len, address(source) + i * len, len, remote.packed_key};
+      return a->async_get(std::move(request), asio::use_future);
+    }
+  };
+
+  Link link(std::size_t bytes, unsigned seed, Access remote_access = Access::remote_read, Config a_config = {}) {
+    Link l;
+    l.a = make(a_config);
+    l.b = make();
+    l.peer = connect(*l.a, *l.b);
+    l.source = pattern(bytes, seed);
+    l.sink.assign(bytes, std::byte{0});
+    l.remote = map(*l.b, l.source, remote_access);
+    l.local = map(*l.a, l.sink, Access::local);
+    return l;
+  }
+
   SoftVerbs& fabric = SoftVerbs::instance();
 };
 
@@ -131,16 +160,10 @@ TEST_F(VerbsBackend, RoceAddressesByARoceV2GidAndMovesBytes) {
   v2.raw[15] = 2;
   fabric.reset(SoftVerbsConfig{.link_layer = IBV_LINK_LAYER_ETHERNET,
                                .gids = {{v1, IBV_GID_TYPE_ROCE_V1}, {v2, IBV_GID_TYPE_ROCE_V2}}});
-  auto a = make();
-  auto b = make();
-  const auto peer = connect(*a, *b);
-  auto source = pattern(8192, 3);
-  std::vector<std::byte> sink(8192);
-  auto remote = map(*b, source, Access::remote_read);
-  auto local = map(*a, sink, Access::local);
-  auto r = get(*a, peer, local, remote, source, sink.size());
+  const auto l = link(8192, 3);
+  auto r = l.get(8192);
   ASSERT_TRUE(r) << r.error().message();
-  EXPECT_EQ(sink, source);
+  EXPECT_EQ(l.sink, l.source);
 }
 
 TEST_F(VerbsBackend, RegistrationReportsPageRoundedRangeAndLeastAccess) {
@@ -169,51 +192,36 @@ TEST_F(VerbsBackend, RegistrationReportsPageRoundedRangeAndLeastAccess) {
 TEST_F(VerbsBackend, ATransferOfTwoAndAHalfMaxMessagesPostsThreeWorkRequests) {
   constexpr std::uint32_t max_msg = 64 * 1024;
   fabric.reset(SoftVerbsConfig{.max_msg_sz = max_msg});
-  auto a = make();
-  auto b = make();
-  ASSERT_EQ(a->max_message_size(), max_msg);
-  const auto peer = connect(*a, *b);
-  const std::size_t len = max_msg * 5 / 2;
-  auto remote_bytes = pattern(len, 7);
-  std::vector<std::byte> local_bytes(len);
-  auto remote = map(*b, remote_bytes, Access::remote_read_write);
-  auto local = map(*a, local_bytes, Access::local);
+  constexpr std::size_t len = max_msg * 5 / 2;
+  auto l = link(len, 7, Access::remote_read_write);
+  ASSERT_EQ(l.a->max_message_size(), max_msg);
 
   const auto before = fabric.work_requests_posted();
-  auto r = get(*a, peer, local, remote, remote_bytes, len);
+  auto r = l.get(len);
   ASSERT_TRUE(r) << r.error().message();
   EXPECT_EQ(fabric.work_requests_posted() - before, 3u);
-  EXPECT_EQ(local_bytes, remote_bytes);
+  EXPECT_EQ(l.sink, l.source);
 
   const auto fresh = pattern(len, 99);
-  std::copy(fresh.begin(), fresh.end(), local_bytes.begin());  // the registered buffer itself
-  PutRequest put{peer, local.id, 0, address(remote_bytes), len, remote.packed_key};
-  auto p = answered(a->async_put(std::move(put), asio::use_future));
+  std::copy(fresh.begin(), fresh.end(), l.sink.begin());  // the registered buffer itself
+  PutRequest put{l.peer, l.local.id, 0, address(l.source), len, l.remote.packed_key};
+  auto p = answered(l.a->async_put(std::move(put), asio::use_future));
   ASSERT_TRUE(p) << p.error().message();
   EXPECT_EQ(fabric.work_requests_posted() - before, 6u);
-  EXPECT_EQ(remote_bytes, local_bytes);
+  EXPECT_EQ(l.source, fresh);
 }
 
 TEST_F(VerbsBackend, TenTimesTheSendQueueDepthAllCompleteWithoutAnOverrun) {
   constexpr std::uint32_t depth = 8;
-  Config shallow;
-  shallow.send_queue_depth = depth;
-  auto a = make(shallow);
-  auto b = make();
-  const auto peer = connect(*a, *b);
   constexpr std::size_t count = 10 * depth;
   constexpr std::size_t slice = 256;
-  auto remote_bytes = pattern(count * slice, 5);
-  std::vector<std::byte> local_bytes(count * slice);
-  auto remote = map(*b, remote_bytes, Access::remote_read);
-  auto local = map(*a, local_bytes, Access::local);
+  Config shallow;
+  shallow.send_queue_depth = depth;
+  const auto l = link(count * slice, 5, Access::remote_read, shallow);
 
   fabric.hold_work();  // everything is issued before anything completes
   std::vector<std::future<Result<void>>> gets;
-  for (std::size_t i = 0; i < count; ++i) {
-    GetRequest request{peer, local.id, i * slice, address(remote_bytes) + i * slice, slice, remote.packed_key};
-    gets.push_back(a->async_get(std::move(request), asio::use_future));
-  }
+  for (std::size_t i = 0; i < count; ++i) gets.push_back(l.start_get(i, slice));
   ASSERT_TRUE(fabric.wait_until([&] { return fabric.work_requests_executing_or_queued() == depth; }, 5s))
       << "the backend should post exactly a queue's worth and keep the rest";
   fabric.release_work();
@@ -221,7 +229,7 @@ TEST_F(VerbsBackend, TenTimesTheSendQueueDepthAllCompleteWithoutAnOverrun) {
     auto r = answered(std::move(gets[i]));
     EXPECT_TRUE(r) << i << ": " << r.error().message();
   }
-  EXPECT_EQ(local_bytes, remote_bytes);
+  EXPECT_EQ(l.sink, l.source);
   EXPECT_EQ(fabric.overruns(), 0u);
   EXPECT_LE(fabric.max_outstanding(), depth);
   EXPECT_EQ(fabric.work_requests_posted(), count);
@@ -230,26 +238,14 @@ TEST_F(VerbsBackend, TenTimesTheSendQueueDepthAllCompleteWithoutAnOverrun) {
 // ---- faults ----------------------------------------------------------------
 
 TEST_F(VerbsBackend, ARemoteAccessErrorFailsThatTransferOnly) {
-  auto a = make();
-  auto b = make();
-  auto c = make();
-  const auto to_b = connect(*a, *b);
-  const auto to_c = connect(*a, *c);
-  auto b_bytes = pattern(4096, 1);
-  auto c_bytes = pattern(4096, 2);
-  std::vector<std::byte> sink_b(4096), sink_c(4096);
-  auto remote_b = map(*b, b_bytes, Access::remote_read);
-  auto remote_c = map(*c, c_bytes, Access::remote_read);
-  auto local_b = map(*a, sink_b, Access::local);
-  auto local_c = map(*a, sink_c, Access::local);
+  const auto faulty = link(4096, 1);
+  const auto healthy = link(4096, 2);
 
   fabric.hold_work();
   fabric.fail_next_completion(IBV_WC_REM_ACCESS_ERR);
-  GetRequest faulty{to_b, local_b.id, 0, address(b_bytes), 4096, remote_b.packed_key};
-  auto failed = a->async_get(std::move(faulty), asio::use_future);
+  auto failed = faulty.start_get(0, 4096);
   ASSERT_TRUE(fabric.wait_until([&] { return fabric.work_requests_executing_or_queued() == 1; }, 5s));
-  GetRequest healthy{to_c, local_c.id, 0, address(c_bytes), 4096, remote_c.packed_key};
-  auto fine = a->async_get(std::move(healthy), asio::use_future);
+  auto fine = healthy.start_get(0, 4096);
   ASSERT_TRUE(fabric.wait_until([&] { return fabric.work_requests_executing_or_queued() == 2; }, 5s));
   fabric.release_work();
 
@@ -261,30 +257,20 @@ TEST_F(VerbsBackend, ARemoteAccessErrorFailsThatTransferOnly) {
   EXPECT_FALSE(r.error().cause.message().empty());
   auto ok = answered(std::move(fine));
   EXPECT_TRUE(ok) << ok.error().message();
-  EXPECT_EQ(sink_c, c_bytes);
+  EXPECT_EQ(healthy.sink, healthy.source);
 
   // The faulted queue pair is in the error state: that peer is broken, and says so.
-  auto later = get(*a, to_b, local_b, remote_b, b_bytes, 4096);
+  auto later = faulty.get(4096);
   ASSERT_FALSE(later);
   EXPECT_TRUE(later.error().is(errc::peer_unreachable)) << later.error().message();
-  EXPECT_TRUE(get(*a, to_c, local_c, remote_c, c_bytes, 4096));
+  EXPECT_TRUE(healthy.get(4096));
 }
 
 TEST_F(VerbsBackend, AQueuePairInErrorFailsItsInFlightWorkAndThePeerIsUnreachable) {
-  auto a = make();
-  auto b = make();
-  const auto peer = connect(*a, *b);
-  auto source = pattern(4 * 4096, 4);
-  std::vector<std::byte> sink(4 * 4096);
-  auto remote = map(*b, source, Access::remote_read);
-  auto local = map(*a, sink, Access::local);
-
+  const auto l = link(4 * 4096, 4);
   fabric.hold_work();
   std::vector<std::future<Result<void>>> gets;
-  for (std::uint64_t i = 0; i < 4; ++i) {
-    GetRequest request{peer, local.id, i * 4096, address(source) + i * 4096, 4096, remote.packed_key};
-    gets.push_back(a->async_get(std::move(request), asio::use_future));
-  }
+  for (std::uint64_t i = 0; i < 4; ++i) gets.push_back(l.start_get(i, 4096));
   ASSERT_TRUE(fabric.wait_until([&] { return fabric.work_requests_executing_or_queued() == 4; }, 5s));
   fabric.move_qps_to_error();
   fabric.release_work();
@@ -293,31 +279,25 @@ TEST_F(VerbsBackend, AQueuePairInErrorFailsItsInFlightWorkAndThePeerIsUnreachabl
     ASSERT_FALSE(r);
     EXPECT_TRUE(r.error().is(errc::peer_unreachable)) << r.error().message();
   }
-  EXPECT_EQ(a->transfers_in_flight(), 0u);
-  auto later = get(*a, peer, local, remote, source, 4096);
+  EXPECT_EQ(l.a->transfers_in_flight(), 0u);
+  auto later = l.get(4096);
   ASSERT_FALSE(later);
   EXPECT_TRUE(later.error().is(errc::peer_unreachable)) << later.error().message();
   // The region those transfers pinned is free to go.
-  EXPECT_TRUE(answered(a->async_unmap(local.id, asio::use_future)));
-  EXPECT_EQ(a->live_registrations(), 0u);
+  EXPECT_TRUE(answered(l.a->async_unmap(l.local.id, asio::use_future)));
+  EXPECT_EQ(l.a->live_registrations(), 0u);
 }
 
 TEST_F(VerbsBackend, AFatalQueuePairEventBreaksThePeer) {
-  auto a = make();
-  auto b = make();
-  const auto peer = connect(*a, *b);
-  auto source = pattern(4096, 6);
-  std::vector<std::byte> sink(4096);
-  auto remote = map(*b, source, Access::remote_read);
-  auto local = map(*a, sink, Access::local);
-  ASSERT_TRUE(get(*a, peer, local, remote, source, 4096));
+  const auto l = link(4096, 6);
+  ASSERT_TRUE(l.get(4096));
 
   fabric.raise_async_event(IBV_EVENT_QP_FATAL);
   // Each backend reads and acknowledges its event on its progress thread.
   ASSERT_TRUE(fabric.wait_until([&] { return fabric.unacked_async_events() == 0; }, 5s));
   ASSERT_TRUE(fabric.wait_until(
       [&] {
-        auto r = get(*a, peer, local, remote, source, 4096);
+        auto r = l.get(4096);
         return !r && r.error().is(errc::peer_unreachable);
       },
       5s))
@@ -345,40 +325,27 @@ TEST_F(VerbsBackend, OutOfMemoryOnRegistrationIsABackendErrorAndReleasesTheBudge
 }
 
 TEST_F(VerbsBackend, APutIntoMemoryExportedForReadOnlyIsRefusedByTheNic) {
-  auto a = make();
-  auto b = make();
-  const auto peer = connect(*a, *b);
-  auto target = pattern(4096, 8);
-  const auto original = target;
-  auto source = pattern(4096, 9);
-  auto remote = map(*b, target, Access::remote_read);  // no remote write
-  auto local = map(*a, source, Access::local);
-  PutRequest put{peer, local.id, 0, address(target), 4096, remote.packed_key};
-  auto r = answered(a->async_put(std::move(put), asio::use_future));
+  const auto l = link(4096, 8);  // exported for remote read only
+  const auto original = l.source;
+  PutRequest put{l.peer, l.local.id, 0, address(l.source), 4096, l.remote.packed_key};
+  auto r = answered(l.a->async_put(std::move(put), asio::use_future));
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().cause.value(), IBV_WC_REM_ACCESS_ERR) << r.error().message();
-  EXPECT_EQ(target, original) << "a refused put must not change a byte";
+  EXPECT_EQ(l.source, original) << "a refused put must not change a byte";
 }
 
 TEST_F(VerbsBackend, AGetFromMemoryWithoutRemoteReadIsRefusedByTheNic) {
-  auto a = make();
-  auto b = make();
-  const auto peer = connect(*a, *b);
-  auto secret = pattern(4096, 10);
-  std::vector<std::byte> sink(4096);
-  auto private_region = map(*b, secret, Access::local);  // registered, not exported
-  auto local = map(*a, sink, Access::local);
+  const auto l = link(4096, 10, Access::local);  // registered, not exported
   // A peer that learned (or guessed) the rkey forges a key for it: the NIC's
   // access check is what stops it.
-  const auto rkey = fabric.rkey_of(secret.data());
+  const auto rkey = fabric.rkey_of(l.source.data());
   ASSERT_TRUE(rkey.has_value());
-  const auto forged = wire::encode_key({*rkey, reinterpret_cast<std::uint64_t>(secret.data()), secret.size()});
-  GetRequest request{peer, local.id, 0, reinterpret_cast<std::uint64_t>(secret.data()), 4096, forged};
-  auto r = answered(a->async_get(std::move(request), asio::use_future));
+  const auto forged = wire::encode_key({*rkey, address(l.source), l.source.size()});
+  GetRequest request{l.peer, l.local.id, 0, address(l.source), 4096, forged};
+  auto r = answered(l.a->async_get(std::move(request), asio::use_future));
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().cause.value(), IBV_WC_REM_ACCESS_ERR) << r.error().message();
-  EXPECT_EQ(sink, std::vector<std::byte>(4096)) << "no secret byte may arrive";
-  (void)private_region;
+  EXPECT_EQ(l.sink, std::vector<std::byte>(4096)) << "no secret byte may arrive";
 }
 
 TEST_F(VerbsBackend, ShutdownReleasesEveryProviderObject) {
