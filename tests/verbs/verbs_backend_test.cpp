@@ -5,6 +5,7 @@
 // flags enforced by the "NIC".
 #include "support/soft_verbs.hpp"
 
+#include "device.hpp"
 #include "wire.hpp"
 
 #include <corma/registry.hpp>
@@ -152,14 +153,50 @@ TEST_F(VerbsBackend, TheRealLibraryOpensADeviceOrSaysWhyNot) {
   }
 }
 
-TEST_F(VerbsBackend, RoceAddressesByARoceV2GidAndMovesBytes) {
-  ibv_gid v1{}, v2{};
+/// A RoCE port whose GID table holds a RoCE v1 entry, an empty slot, then
+/// RoCE v2 entries.
+SoftVerbsConfig roce_port() {
+  ibv_gid v1{}, v2{}, v2_other{};
   v1.raw[15] = 1;
   v2.raw[10] = 0xff;
   v2.raw[11] = 0xff;
   v2.raw[15] = 2;
-  fabric.reset(SoftVerbsConfig{.link_layer = IBV_LINK_LAYER_ETHERNET,
-                               .gids = {{v1, IBV_GID_TYPE_ROCE_V1}, {v2, IBV_GID_TYPE_ROCE_V2}}});
+  v2_other = v2;
+  v2_other.raw[15] = 3;
+  return SoftVerbsConfig{.link_layer = IBV_LINK_LAYER_ETHERNET,
+                         .gids = {{v1, IBV_GID_TYPE_ROCE_V1},
+                                  {ibv_gid{}, IBV_GID_TYPE_ROCE_V2},
+                                  {v2, IBV_GID_TYPE_ROCE_V2},
+                                  {v2_other, IBV_GID_TYPE_ROCE_V2}}};
+}
+
+TEST_F(VerbsBackend, RoceChoosesTheFirstRoceV2GidUnlessOneIsConfigured) {
+  fabric.reset(roce_port());
+  const auto api = fabric.api();
+  auto automatic = open_device(*api, Config{});
+  ASSERT_TRUE(automatic) << automatic.error().message();
+  EXPECT_EQ(automatic.value().gid_index, 2);
+  EXPECT_EQ(automatic.value().gid.raw[15], 2);
+  api->close_device(automatic.value().context);
+
+  Config pinned;
+  pinned.gid_index = 3;
+  auto configured = open_device(*api, pinned);
+  ASSERT_TRUE(configured) << configured.error().message();
+  EXPECT_EQ(configured.value().gid_index, 3);
+  api->close_device(configured.value().context);
+
+  // InfiniBand routes by LID: no GID unless one is asked for.
+  fabric.reset();
+  auto infiniband = open_device(*api, Config{});
+  ASSERT_TRUE(infiniband) << infiniband.error().message();
+  EXPECT_EQ(infiniband.value().gid_index, -1);
+  api->close_device(infiniband.value().context);
+  EXPECT_EQ(fabric.open_contexts(), 0u);
+}
+
+TEST_F(VerbsBackend, RoceAddressesByARoceV2GidAndMovesBytes) {
+  fabric.reset(roce_port());
   const auto l = link(8192, 3);
   auto r = l.get(8192);
   ASSERT_TRUE(r) << r.error().message();
