@@ -26,32 +26,47 @@ void EngineCore::quit() {
 
 void EngineCore::loop() {
   run_until_quit();
-  // Whatever was posted before the end (cancelled timers, late commands) runs
+  // Whatever was queued before the end (late commands, cancelled timers) runs
   // now and is answered shutting_down, so no handler outlives the loop
   // holding the engine.
   io.restart();
-  while (io.poll() != 0) {
+  while (commands_.run_all() + io.poll() != 0) {
   }
 }
 
 void EngineCore::run_until_quit() {
   using clock = std::chrono::steady_clock;
+  // io_context::poll() costs an epoll_wait: while commands or completions
+  // keep coming it runs only every this many turns (timers, fd watches and
+  // cancellations are not latency-critical); on a quiet turn it always runs.
+  constexpr unsigned busy_turns_per_poll = 64;
+  unsigned turns_since_poll = 0;
   auto last_activity = clock::now();
   while (!quitting_) {
-    const std::size_t ran = io.poll();
+    const std::size_t commands = commands_.run_all();
     const std::size_t progressed = progress();
+    std::size_t handlers = 0;
+    if ((commands == 0 && progressed == 0) || ++turns_since_poll >= busy_turns_per_poll) {
+      handlers = io.poll();
+      turns_since_poll = 0;
+    }
     if (quitting_) break;
     const auto now = clock::now();
-    if (ran != 0 || progressed != 0) {
+    if (commands != 0 || progressed != 0 || handlers != 0) {
       last_activity = now;
       continue;
     }
     if (!torn_down) {
       if (settings.progress == ProgressMode::busy_poll) continue;
       if (settings.progress == ProgressMode::adaptive && now - last_activity < settings.spin_time) continue;
-      if (!arm_for_sleep()) continue;  // events arrived meanwhile
     }
-    io.run_one();  // a command, a timer, or the provider's event fd
+    if (!commands_.prepare_to_sleep()) continue;
+    if (!torn_down && !arm_for_sleep()) {  // events arrived meanwhile
+      commands_.awake();
+      continue;
+    }
+    io.run_one();  // a wake-up for a command, a timer, or the provider's event fd
+    commands_.awake();
     last_activity = clock::now();
   }
 }

@@ -7,6 +7,7 @@
 // cancellation hook runs on the progress thread.
 #pragma once
 
+#include "backend_kit/command_queue.hpp"
 #include "backend_kit/ops.hpp"
 
 #include <corma/progress.hpp>
@@ -158,6 +159,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   void sweep_deadlines();
 
   asio::executor_work_guard<asio::io_context::executor_type> work_ = asio::make_work_guard(io);
+  CommandQueue commands_{io};
   bool quitting_ = false;
   std::map<std::uint64_t, std::shared_ptr<MapOp>> delayed_maps_;
   std::optional<asio::steady_timer> deadline_sweep_;
@@ -179,9 +181,10 @@ void EngineCore::submit(Command command, Refuse refuse) {
     queued.fetch_sub(1, std::memory_order_acq_rel);
     return refuse(Error{errc::backend, settings.name + " backend command queue full"});
   }
-  asio::post(io, [self = shared_from_this(), command = std::move(command)]() mutable {
-    self->queued.fetch_sub(1, std::memory_order_acq_rel);
-    command(*self);
+  // `this`: the queue belongs to the engine and is drained before it goes.
+  commands_.push([this, command = std::move(command)]() mutable {
+    queued.fetch_sub(1, std::memory_order_acq_rel);
+    command(*this);
   });
 }
 

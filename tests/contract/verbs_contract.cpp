@@ -8,6 +8,14 @@
 namespace corma::contract {
 namespace {
 
+// The port looks like a ConnectX one: 1 GiB messages. Chunking into several
+// work requests is exercised by tests/verbs/verbs_backend_test.cpp; here a
+// transfer delay (per work request in the provider) then stays per transfer.
+const bool soft_port_configured = [] {
+  testing::SoftVerbs::instance().reset(testing::SoftVerbsConfig{.max_msg_sz = 1U << 30});
+  return true;
+}();
+
 ContractSubject make_soft() {
   auto& fabric = testing::SoftVerbs::instance();
   auto subject = make_verbs_subject(verbs_contract_config(), fabric.api());

@@ -280,6 +280,46 @@ Soft* find(Fabric& f, const char* call, Live<Soft>& live, const void* handle) {
   return nullptr;
 }
 
+/// The fabric with its lock held: entry points keep it for the whole call,
+/// so that what they check cannot change before they act on it.
+struct Held {
+  Fabric& f;
+  Lock lock;
+};
+
+Held lock_fabric() {
+  Fabric& f = fabric();
+  return {f, Lock(f.mu)};
+}
+
+/// The fabric with its lock held, and the live object behind `handle` (null
+/// when there is none: the misuse is already counted, by `call`).
+template <class Soft>
+struct HeldWith {
+  Fabric& f;
+  Lock lock;
+  Soft* object;
+};
+
+template <class Soft>
+HeldWith<Soft> lock_and_find(const char* call, Live<Soft> Fabric::*live, const void* handle) {
+  auto [f, lock] = lock_fabric();
+  Soft* object = find(f, call, f.*live, handle);
+  return {f, std::move(lock), object};
+}
+
+/// How libibverbs fails a call that returns a pointer: null, with errno set.
+std::nullptr_t null_with_errno(int err) {
+  errno = err;
+  return nullptr;
+}
+
+/// How libibverbs fails a call that returns -1 on error: -1, with errno set.
+int minus_one_with_errno(int err) {
+  errno = err;
+  return -1;
+}
+
 template <class Soft, class Base>
 Soft* adopt(Fabric& f, Live<Soft>& live, std::shared_ptr<Soft> object) {
   Soft* raw = object.get();
@@ -363,17 +403,24 @@ void push_async_event(SoftContext& context, const ibv_async_event& event) {
   context.doorbell.ring();
 }
 
+/// Raises `type` about `qp` on the QP's own context.
+void raise_qp_event(Fabric& f, SoftQp& qp, ibv_event_type type) {
+  ibv_async_event event{};
+  event.event_type = type;
+  event.element.qp = &qp;
+  push_async_event(context_of(f, qp.context), event);
+}
+
+/// The QP's send CQ, as the provider's own object.
+SoftCq& send_cq_of(const SoftQp& qp) { return *static_cast<SoftCq*>(qp.send_cq); }
+
 // ===========================================================================
 // Devices, contexts, queries
 // ===========================================================================
 
 ibv_device** sv_get_device_list(int* num_devices) {
-  auto& f = fabric();
-  Lock lock(f.mu);
-  if (f.config.no_kernel_support) {
-    errno = ENOSYS;
-    return nullptr;
-  }
+  auto [f, lock] = lock_fabric();
+  if (f.config.no_kernel_support) return null_with_errno(ENOSYS);
   const std::uint32_t count = f.config.device_count;
   while (f.devices.size() < count) {
     auto device = std::make_unique<SoftDevice>();
@@ -393,8 +440,7 @@ ibv_device** sv_get_device_list(int* num_devices) {
 }
 
 void sv_free_device_list(ibv_device** list) {
-  auto& f = fabric();
-  Lock lock(f.mu);
+  auto [f, lock] = lock_fabric();
   if (f.device_lists.erase(list) == 0) {
     misuse(f, "ibv_free_device_list: a list not returned by ibv_get_device_list, or freed already");
     return;
@@ -411,24 +457,16 @@ SoftDevice* find_device(Fabric& f, ibv_device* device) {
 }
 
 const char* sv_get_device_name(ibv_device* device) {
-  auto& f = fabric();
-  Lock lock(f.mu);
+  auto [f, lock] = lock_fabric();
   auto* d = find_device(f, device);
-  if (d == nullptr) {
-    errno = EINVAL;
-    return nullptr;
-  }
+  if (d == nullptr) return null_with_errno(EINVAL);
   return d->name;
 }
 
 ibv_context* sv_open_device(ibv_device* device) {
-  auto& f = fabric();
-  Lock lock(f.mu);
+  auto [f, lock] = lock_fabric();
   auto* d = find_device(f, device);
-  if (d == nullptr) {
-    errno = ENODEV;
-    return nullptr;
-  }
+  if (d == nullptr) return null_with_errno(ENODEV);
   auto context = std::make_shared<SoftContext>();
   if (!context->doorbell.open()) return nullptr;  // errno from pipe2
   context->device = d;
@@ -442,9 +480,7 @@ ibv_context* sv_open_device(ibv_device* device) {
 }
 
 int sv_close_device(ibv_context* context) {
-  auto& f = fabric();
-  Lock lock(f.mu);
-  auto* c = find(f, "ibv_close_device", f.contexts, context);
+  auto [f, lock, c] = lock_and_find("ibv_close_device", &Fabric::contexts, context);
   if (c == nullptr) return EINVAL;
   if (c->pds + c->cqs + c->channels != 0) return EBUSY;
   if (!c->doorbell.close()) misuse(f, "ibv_close_device: the caller closed async_fd, which the context owns");
@@ -453,9 +489,8 @@ int sv_close_device(ibv_context* context) {
 }
 
 int sv_query_device(ibv_context* context, ibv_device_attr* attr) {
-  auto& f = fabric();
-  Lock lock(f.mu);
-  if (find(f, "ibv_query_device", f.contexts, context) == nullptr || attr == nullptr) return EINVAL;
+  auto [f, lock, c] = lock_and_find("ibv_query_device", &Fabric::contexts, context);
+  if (c == nullptr || attr == nullptr) return EINVAL;
   *attr = ibv_device_attr{};
   std::snprintf(attr->fw_ver, sizeof attr->fw_ver, "soft-1.0");
   attr->node_guid = 0x0250'53ff'fe00'0001;
@@ -480,9 +515,7 @@ int sv_query_device(ibv_context* context, ibv_device_attr* attr) {
 }
 
 int sv_query_port(ibv_context* context, std::uint8_t port, ibv_port_attr* attr) {
-  auto& f = fabric();
-  Lock lock(f.mu);
-  auto* c = find(f, "ibv_query_port", f.contexts, context);
+  auto [f, lock, c] = lock_and_find("ibv_query_port", &Fabric::contexts, context);
   if (c == nullptr || attr == nullptr || port != kPort) return EINVAL;
   *attr = ibv_port_attr{};
   attr->state = IBV_PORT_ACTIVE;
@@ -503,12 +536,10 @@ int sv_query_port(ibv_context* context, std::uint8_t port, ibv_port_attr* attr) 
 
 /// libibverbs' ibv_query_gid: -1 with errno on failure; an unpopulated slot reads as zeros.
 int sv_query_gid(ibv_context* context, std::uint8_t port, int index, ibv_gid* gid) {
-  auto& f = fabric();
-  Lock lock(f.mu);
-  if (find(f, "ibv_query_gid", f.contexts, context) == nullptr || gid == nullptr || port != kPort || index < 0 ||
+  auto [f, lock, c] = lock_and_find("ibv_query_gid", &Fabric::contexts, context);
+  if (c == nullptr || gid == nullptr || port != kPort || index < 0 ||
       static_cast<std::size_t>(index) >= f.config.gids.size()) {
-    errno = EINVAL;
-    return -1;
+    return minus_one_with_errno(EINVAL);
   }
   *gid = f.config.gids[static_cast<std::size_t>(index)].first;
   return 0;
@@ -517,9 +548,8 @@ int sv_query_gid(ibv_context* context, std::uint8_t port, int index, ibv_gid* gi
 /// _ibv_query_gid_ex: returns the errno value; ENODATA for an unpopulated slot.
 int sv_query_gid_ex(ibv_context* context, std::uint32_t port, std::uint32_t index, ibv_gid_entry* entry,
                     std::uint32_t flags, std::size_t entry_size) {
-  auto& f = fabric();
-  Lock lock(f.mu);
-  if (find(f, "_ibv_query_gid_ex", f.contexts, context) == nullptr || entry == nullptr || flags != 0 ||
+  auto [f, lock, c] = lock_and_find("_ibv_query_gid_ex", &Fabric::contexts, context);
+  if (c == nullptr || entry == nullptr || flags != 0 ||
       entry_size < sizeof(ibv_gid_entry) || port != kPort || index >= f.config.gids.size()) {
     return EINVAL;
   }
@@ -539,13 +569,8 @@ int sv_query_gid_ex(ibv_context* context, std::uint32_t port, std::uint32_t inde
 // ===========================================================================
 
 ibv_pd* sv_alloc_pd(ibv_context* context) {
-  auto& f = fabric();
-  Lock lock(f.mu);
-  auto* c = find(f, "ibv_alloc_pd", f.contexts, context);
-  if (c == nullptr) {
-    errno = EINVAL;
-    return nullptr;
-  }
+  auto [f, lock, c] = lock_and_find("ibv_alloc_pd", &Fabric::contexts, context);
+  if (c == nullptr) return null_with_errno(EINVAL);
   auto pd = std::make_shared<SoftPd>();
   pd->context = c;
   pd->handle = f.next_handle++;
@@ -554,9 +579,7 @@ ibv_pd* sv_alloc_pd(ibv_context* context) {
 }
 
 int sv_dealloc_pd(ibv_pd* pd) {
-  auto& f = fabric();
-  Lock lock(f.mu);
-  auto* p = find(f, "ibv_dealloc_pd", f.pds, pd);
+  auto [f, lock, p] = lock_and_find("ibv_dealloc_pd", &Fabric::pds, pd);
   if (p == nullptr) return EINVAL;
   if (p->mrs + p->qps != 0) return EBUSY;
   --context_of(f, p->context).pds;
@@ -577,22 +600,13 @@ bool access_is_valid(int access) {
 }
 
 ibv_mr* register_mr(ibv_pd* pd, void* addr, std::size_t length, std::uint64_t iova, int access) {
-  auto& f = fabric();
-  Lock lock(f.mu);
-  auto* p = find(f, "ibv_reg_mr", f.pds, pd);
-  if (p == nullptr) {
-    errno = EINVAL;
-    return nullptr;
-  }
-  if (f.fail_reg_mr != 0) {
-    errno = std::exchange(f.fail_reg_mr, 0);
-    return nullptr;
-  }
+  auto [f, lock, p] = lock_and_find("ibv_reg_mr", &Fabric::pds, pd);
+  if (p == nullptr) return null_with_errno(EINVAL);
+  if (f.fail_reg_mr != 0) return null_with_errno(std::exchange(f.fail_reg_mr, 0));
   const auto start = reinterpret_cast<std::uintptr_t>(addr);
   if (addr == nullptr || length == 0 || !access_is_valid(access) || start + length < start ||
       iova + length < iova) {
-    errno = EINVAL;
-    return nullptr;
+    return null_with_errno(EINVAL);
   }
   auto mr = std::make_shared<SoftMr>();
   mr->context = p->context;
@@ -622,9 +636,7 @@ ibv_mr* sv_reg_mr_iova2(ibv_pd* pd, void* addr, std::size_t length, std::uint64_
 }
 
 int sv_dereg_mr(ibv_mr* mr) {
-  auto& f = fabric();
-  Lock lock(f.mu);
-  auto* m = find(f, "ibv_dereg_mr", f.mrs, mr);
+  auto [f, lock, m] = lock_and_find("ibv_dereg_mr", &Fabric::mrs, mr);
   if (m == nullptr) return EINVAL;
   f.by_lkey.erase(m->lkey);
   f.by_rkey.erase(m->rkey);
@@ -638,13 +650,8 @@ int sv_dereg_mr(ibv_mr* mr) {
 // ===========================================================================
 
 ibv_comp_channel* sv_create_comp_channel(ibv_context* context) {
-  auto& f = fabric();
-  Lock lock(f.mu);
-  auto* c = find(f, "ibv_create_comp_channel", f.contexts, context);
-  if (c == nullptr) {
-    errno = EINVAL;
-    return nullptr;
-  }
+  auto [f, lock, c] = lock_and_find("ibv_create_comp_channel", &Fabric::contexts, context);
+  if (c == nullptr) return null_with_errno(EINVAL);
   auto channel = std::make_shared<SoftChannel>();
   if (!channel->doorbell.open()) return nullptr;
   channel->context = c;
@@ -654,9 +661,7 @@ ibv_comp_channel* sv_create_comp_channel(ibv_context* context) {
 }
 
 int sv_destroy_comp_channel(ibv_comp_channel* channel) {
-  auto& f = fabric();
-  Lock lock(f.mu);
-  auto* ch = find(f, "ibv_destroy_comp_channel", f.channels, channel);
+  auto [f, lock, ch] = lock_and_find("ibv_destroy_comp_channel", &Fabric::channels, channel);
   if (ch == nullptr) return EINVAL;
   if (ch->cqs != 0) return EBUSY;
   if (!ch->doorbell.close()) {
@@ -669,14 +674,11 @@ int sv_destroy_comp_channel(ibv_comp_channel* channel) {
 
 ibv_cq* sv_create_cq(ibv_context* context, int cqe, void* cq_context, ibv_comp_channel* channel,
                      int comp_vector) {
-  auto& f = fabric();
-  Lock lock(f.mu);
-  auto* c = find(f, "ibv_create_cq", f.contexts, context);
+  auto [f, lock, c] = lock_and_find("ibv_create_cq", &Fabric::contexts, context);
   SoftChannel* ch = channel != nullptr ? find(f, "ibv_create_cq", f.channels, channel) : nullptr;
   const bool channel_ok = channel == nullptr || (ch != nullptr && ch->context == c);
   if (c == nullptr || !channel_ok || cqe < 1 || cqe > f.config.max_cqe || comp_vector != 0) {
-    errno = EINVAL;
-    return nullptr;
+    return null_with_errno(EINVAL);
   }
   auto cq = std::make_shared<SoftCq>();
   cq->context = c;
@@ -695,9 +697,7 @@ void drop_async_events_of(SoftContext& context, const void* object) {
 }
 
 int sv_destroy_cq(ibv_cq* cq) {
-  auto& f = fabric();
-  Lock lock(f.mu);
-  auto* q = find(f, "ibv_destroy_cq", f.cqs, cq);
+  auto [f, lock, q] = lock_and_find("ibv_destroy_cq", &Fabric::cqs, cq);
   if (q == nullptr) return EINVAL;
   // libibverbs would block until every event read for the CQ is acknowledged;
   // from a progress thread that is a deadlock, so it is refused here.
@@ -714,9 +714,7 @@ int sv_destroy_cq(ibv_cq* cq) {
 }
 
 int sv_req_notify_cq(ibv_cq* cq, int /*solicited_only*/) {
-  auto& f = fabric();
-  Lock lock(f.mu);
-  auto* q = find(f, "ibv_req_notify_cq", f.cqs, cq);
+  auto [f, lock, q] = lock_and_find("ibv_req_notify_cq", &Fabric::cqs, cq);
   if (q == nullptr) return EINVAL;
   // Only a completion added after arming notifies, as the verbs spec says:
   // entries already queued do not, so a caller must poll after arming.
@@ -744,42 +742,45 @@ void push_completion(Fabric& f, SoftCq& cq, const Cqe& cqe) {
   }
 }
 
-int sv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) {
-  auto& f = fabric();
+/// Reads the oldest event queued on `owner` (a completion channel or a
+/// context) the way libibverbs does: waits for the doorbell's byte without
+/// the lock, since that read may block, then takes the event under it. A byte
+/// with no event left behind it (the event went with its CQ or QP) is passed
+/// over. `deliver(fabric, owner, event)` hands the event out, under the lock.
+template <class Soft, class Deliver>
+int read_event(const char* call, Live<Soft> Fabric::*live, const void* handle, bool out_params_ok,
+               Deliver deliver) {
   int fd = -1;
   {
-    Lock lock(f.mu);
-    auto* ch = find(f, "ibv_get_cq_event", f.channels, channel);
-    if (ch == nullptr || cq == nullptr || cq_context == nullptr) {
-      errno = EINVAL;
-      return -1;
-    }
-    fd = ch->doorbell.read_fd();
+    auto [f, lock, owner] = lock_and_find(call, live, handle);
+    if (owner == nullptr || !out_params_ok) return minus_one_with_errno(EINVAL);
+    fd = owner->doorbell.read_fd();
   }
   for (;;) {
     if (!take_doorbell_byte(fd)) return -1;
-    Lock lock(f.mu);
-    auto* ch = find(f, "ibv_get_cq_event", f.channels, channel);
-    if (ch == nullptr) {
-      errno = EBADF;
-      return -1;
-    }
-    ch->doorbell.taken();
-    if (ch->events.empty()) continue;  // the byte of an event dropped with its CQ
-    SoftCq* q = ch->events.front();
-    ch->events.pop_front();
-    if (!ch->events.empty()) ch->doorbell.ring();
-    ++q->events_read;
-    *cq = q;
-    *cq_context = q->cq_context;
+    auto [f, lock, owner] = lock_and_find(call, live, handle);
+    if (owner == nullptr) return minus_one_with_errno(EBADF);
+    owner->doorbell.taken();
+    if (owner->events.empty()) continue;  // its event went with its CQ or QP
+    const auto event = owner->events.front();
+    owner->events.pop_front();
+    if (!owner->events.empty()) owner->doorbell.ring();
+    deliver(f, *owner, event);
     return 0;
   }
 }
 
+int sv_get_cq_event(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) {
+  return read_event("ibv_get_cq_event", &Fabric::channels, channel, cq != nullptr && cq_context != nullptr,
+                    [&](Fabric&, SoftChannel&, SoftCq* q) {
+                      ++q->events_read;
+                      *cq = q;
+                      *cq_context = q->cq_context;
+                    });
+}
+
 void sv_ack_cq_events(ibv_cq* cq, unsigned int nevents) {
-  auto& f = fabric();
-  Lock lock(f.mu);
-  auto* q = find(f, "ibv_ack_cq_events", f.cqs, cq);
+  auto [f, lock, q] = lock_and_find("ibv_ack_cq_events", &Fabric::cqs, cq);
   if (q == nullptr) return;
   q->events_acked += nevents;
   if (q->events_acked > q->events_read) {
@@ -798,9 +799,7 @@ void release_slots(Fabric& f, const Cqe& cqe) {
 }
 
 int sv_poll_cq(ibv_cq* cq, int num_entries, ibv_wc* wc) {
-  auto& f = fabric();
-  Lock lock(f.mu);
-  auto* q = find(f, "ibv_poll_cq", f.cqs, cq);
+  auto [f, lock, q] = lock_and_find("ibv_poll_cq", &Fabric::cqs, cq);
   if (q == nullptr || (num_entries > 0 && wc == nullptr)) return -EINVAL;
   int n = 0;
   for (; n < num_entries && !q->entries.empty(); ++n) {
@@ -818,17 +817,14 @@ int sv_poll_cq(ibv_cq* cq, int num_entries, ibv_wc* wc) {
 // ===========================================================================
 
 ibv_qp* sv_create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
-  auto& f = fabric();
-  Lock lock(f.mu);
-  auto* p = find(f, "ibv_create_qp", f.pds, pd);
+  auto [f, lock, p] = lock_and_find("ibv_create_qp", &Fabric::pds, pd);
   SoftCq* send_cq = p != nullptr && attr != nullptr ? find(f, "ibv_create_qp", f.cqs, attr->send_cq) : nullptr;
   SoftCq* recv_cq = send_cq != nullptr ? find(f, "ibv_create_qp", f.cqs, attr->recv_cq) : nullptr;
   if (recv_cq == nullptr || send_cq->context != p->context || recv_cq->context != p->context ||
       attr->qp_type != IBV_QPT_RC || attr->srq != nullptr || attr->cap.max_send_wr > f.config.max_qp_wr ||
       attr->cap.max_recv_wr > f.config.max_qp_wr || attr->cap.max_send_sge > kMaxSge ||
       attr->cap.max_recv_sge > kMaxSge || attr->cap.max_inline_data != 0) {
-    errno = EINVAL;
-    return nullptr;
+    return null_with_errno(EINVAL);
   }
   auto qp = std::make_shared<SoftQp>();
   qp->context = p->context;
@@ -863,6 +859,12 @@ Cqe make_cqe(const SoftQp& qp, const Work& work, ibv_wc_status status, std::uint
   return cqe;
 }
 
+/// Completes `w` unexecuted, with IBV_WC_WR_FLUSH_ERR: what a QP in the
+/// error state does with its work, signaled or not.
+void flush(Fabric& f, const SoftQp& qp, const Work& w) {
+  push_completion(f, send_cq_of(qp), make_cqe(qp, w, IBV_WC_WR_FLUSH_ERR, 0));
+}
+
 /// Takes the QP's queued work out of the worker's queue, in post order.
 std::vector<Work> take_queued_work(Fabric& f, const SoftQp& qp) {
   std::vector<Work> taken;
@@ -881,9 +883,7 @@ std::vector<Work> take_queued_work(Fabric& f, const SoftQp& qp) {
 /// with IBV_WC_WR_FLUSH_ERR, signaled or not.
 void enter_error(Fabric& f, SoftQp& qp) {
   qp.actual = IBV_QPS_ERR;
-  for (const Work& w : take_queued_work(f, qp)) {
-    push_completion(f, *static_cast<SoftCq*>(qp.send_cq), make_cqe(qp, w, IBV_WC_WR_FLUSH_ERR, 0));
-  }
+  for (const Work& w : take_queued_work(f, qp)) flush(f, qp, w);
 }
 
 /// Back to RESET: queued work is discarded without completions and the
@@ -981,9 +981,7 @@ void record_attributes(SoftQp& qp, const ibv_qp_attr& attr, int mask) {
 }
 
 int sv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask) {
-  auto& f = fabric();
-  Lock lock(f.mu);
-  auto* q = find(f, "ibv_modify_qp", f.qps, qp);
+  auto [f, lock, q] = lock_and_find("ibv_modify_qp", &Fabric::qps, qp);
   if (q == nullptr || attr == nullptr) return EINVAL;
   const ibv_qp_state from = q->actual;
   const ibv_qp_state to = (attr_mask & IBV_QP_STATE) != 0 ? attr->qp_state : from;
@@ -1004,9 +1002,7 @@ int sv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask) {
 }
 
 int sv_destroy_qp(ibv_qp* qp) {
-  auto& f = fabric();
-  Lock lock(f.mu);
-  auto* q = find(f, "ibv_destroy_qp", f.qps, qp);
+  auto [f, lock, q] = lock_and_find("ibv_destroy_qp", &Fabric::qps, qp);
   if (q == nullptr) return EINVAL;
   // libibverbs would block until the QP's async events read are acknowledged.
   if (q->async_read != q->async_acked) return EBUSY;
@@ -1057,16 +1053,14 @@ void accept_work_request(Fabric& f, SoftQp& qp, const ibv_send_wr& wr) {
     f.max_outstanding = std::max<std::size_t>(f.max_outstanding, qp.occupied());
   }
   if (qp.actual == IBV_QPS_ERR) {
-    push_completion(f, *static_cast<SoftCq*>(qp.send_cq), make_cqe(qp, w, IBV_WC_WR_FLUSH_ERR, 0));
+    flush(f, qp, w);
   } else {
     f.work.push_back(w);
   }
 }
 
 int sv_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
-  auto& f = fabric();
-  Lock lock(f.mu);
-  auto* q = find(f, "ibv_post_send", f.qps, qp);
+  auto [f, lock, q] = lock_and_find("ibv_post_send", &Fabric::qps, qp);
   if (q == nullptr) {
     if (bad_wr != nullptr) *bad_wr = wr;
     return EINVAL;
@@ -1159,7 +1153,7 @@ Outcome transfer(Fabric& f, const SoftQp& qp, const Work& w) {
 
 void execute(Fabric& f, const Work& w) {
   SoftQp& qp = *w.qp;
-  auto& cq = *static_cast<SoftCq*>(qp.send_cq);
+  auto& cq = send_cq_of(qp);
   const Outcome outcome = transfer(f, qp, w);
   if (outcome.status == IBV_WC_SUCCESS) {
     if (w.signaled) push_completion(f, cq, make_cqe(qp, w, outcome.status, w.length));
@@ -1170,10 +1164,7 @@ void execute(Fabric& f, const Work& w) {
   enter_error(f, qp);
   if (SoftQp* responder = outcome.rejected_by) {
     enter_error(f, *responder);
-    ibv_async_event event{};
-    event.event_type = outcome.event;
-    event.element.qp = responder;
-    push_async_event(context_of(f, responder->context), event);
+    raise_qp_event(f, *responder, outcome.event);
   }
 }
 
@@ -1260,43 +1251,20 @@ EventOwner owner_of(Fabric& f, const ibv_async_event& e) {
 }
 
 int sv_get_async_event(ibv_context* context, ibv_async_event* event) {
-  auto& f = fabric();
-  int fd = -1;
-  {
-    Lock lock(f.mu);
-    auto* c = find(f, "ibv_get_async_event", f.contexts, context);
-    if (c == nullptr || event == nullptr) {
-      errno = EINVAL;
-      return -1;
-    }
-    fd = c->doorbell.read_fd();
-  }
-  for (;;) {
-    if (!take_doorbell_byte(fd)) return -1;
-    Lock lock(f.mu);
-    auto* c = find(f, "ibv_get_async_event", f.contexts, context);
-    if (c == nullptr) {
-      errno = EBADF;
-      return -1;
-    }
-    c->doorbell.taken();
-    if (c->events.empty()) continue;  // the byte of an event dropped with its object
-    *event = c->events.front();
-    c->events.pop_front();
-    if (!c->events.empty()) c->doorbell.ring();
-    ++c->async_read;
-    if (const EventOwner owner = owner_of(f, *event); owner.read != nullptr) {
-      ++*owner.read;
-    } else {
-      f.unbound_events[event->event_type].push_back(context);
-    }
-    return 0;
-  }
+  return read_event("ibv_get_async_event", &Fabric::contexts, context, event != nullptr,
+                    [&](Fabric& f, SoftContext& c, const ibv_async_event& e) {
+                      *event = e;
+                      ++c.async_read;
+                      if (const EventOwner owner = owner_of(f, e); owner.read != nullptr) {
+                        ++*owner.read;
+                      } else {
+                        f.unbound_events[e.event_type].push_back(context);
+                      }
+                    });
 }
 
 void sv_ack_async_event(ibv_async_event* event) {
-  auto& f = fabric();
-  Lock lock(f.mu);
+  auto [f, lock] = lock_fabric();
   if (event == nullptr) return misuse(f, "ibv_ack_async_event: null event");
   const void* context = nullptr;
   if (const EventOwner owner = owner_of(f, *event); owner.read != nullptr) {
@@ -1411,9 +1379,33 @@ std::shared_ptr<const verbs::IbvApi> make_table() {
 /// Runs `fn(fabric)` under the fabric lock and returns its result.
 template <class Fn>
 auto locked(Fn&& fn) {
-  auto& f = fabric();
-  Lock lock(f.mu);
+  auto [f, lock] = lock_fabric();
   return fn(f);
+}
+
+/// A counter (or other field) of the fabric, read under its lock.
+template <class T>
+T read_field(T Fabric::*field) {
+  return locked([field](Fabric& f) { return f.*field; });
+}
+
+/// How many objects of one kind the current generation holds.
+template <class Soft>
+std::size_t count_live(Live<Soft> Fabric::*live) {
+  return locked([live](Fabric& f) { return count_current(f, f.*live); });
+}
+
+/// Events read for the current generation's objects of one kind and not yet
+/// acknowledged, by the object's own read and acknowledged counters.
+template <class Soft>
+std::size_t count_unacked(Live<Soft> Fabric::*live, std::size_t Soft::*read, std::size_t Soft::*acked) {
+  return locked([&](Fabric& f) {
+    std::size_t n = 0;
+    for (const auto& [handle, object] : f.*live) {
+      if (is_current(f, *object)) n += (*object).*read - (*object).*acked;
+    }
+    return n;
+  });
 }
 
 }  // namespace
@@ -1472,10 +1464,7 @@ void SoftVerbs::move_qps_to_error() {
     for (auto& [handle, qp] : f.qps) {
       if (!is_current(f, *qp)) continue;
       enter_error(f, *qp);
-      ibv_async_event event{};
-      event.event_type = IBV_EVENT_QP_FATAL;
-      event.element.qp = qp.get();
-      push_async_event(context_of(f, qp->context), event);
+      raise_qp_event(f, *qp, IBV_EVENT_QP_FATAL);
     }
     f.changed.notify_all();
   });
@@ -1522,42 +1511,18 @@ void SoftVerbs::set_work_delay(std::chrono::nanoseconds delay) {
   locked([delay](Fabric& f) { f.delay = delay; });
 }
 
-std::size_t SoftVerbs::work_requests_posted() const {
-  return locked([](Fabric& f) { return f.posted; });
-}
-std::size_t SoftVerbs::max_outstanding() const {
-  return locked([](Fabric& f) { return f.max_outstanding; });
-}
-std::size_t SoftVerbs::overruns() const {
-  return locked([](Fabric& f) { return f.overruns; });
-}
-std::size_t SoftVerbs::cq_overruns() const {
-  return locked([](Fabric& f) { return f.cq_overruns; });
-}
-std::size_t SoftVerbs::misuses() const {
-  return locked([](Fabric& f) { return f.misuses; });
-}
-std::string SoftVerbs::last_misuse() const {
-  return locked([](Fabric& f) { return f.last_misuse; });
-}
-std::size_t SoftVerbs::live_mrs() const {
-  return locked([](Fabric& f) { return count_current(f, f.mrs); });
-}
-std::size_t SoftVerbs::live_qps() const {
-  return locked([](Fabric& f) { return count_current(f, f.qps); });
-}
-std::size_t SoftVerbs::live_pds() const {
-  return locked([](Fabric& f) { return count_current(f, f.pds); });
-}
-std::size_t SoftVerbs::live_cqs() const {
-  return locked([](Fabric& f) { return count_current(f, f.cqs); });
-}
-std::size_t SoftVerbs::live_comp_channels() const {
-  return locked([](Fabric& f) { return count_current(f, f.channels); });
-}
-std::size_t SoftVerbs::open_contexts() const {
-  return locked([](Fabric& f) { return count_current(f, f.contexts); });
-}
+std::size_t SoftVerbs::work_requests_posted() const { return read_field(&Fabric::posted); }
+std::size_t SoftVerbs::max_outstanding() const { return read_field(&Fabric::max_outstanding); }
+std::size_t SoftVerbs::overruns() const { return read_field(&Fabric::overruns); }
+std::size_t SoftVerbs::cq_overruns() const { return read_field(&Fabric::cq_overruns); }
+std::size_t SoftVerbs::misuses() const { return read_field(&Fabric::misuses); }
+std::string SoftVerbs::last_misuse() const { return read_field(&Fabric::last_misuse); }
+std::size_t SoftVerbs::live_mrs() const { return count_live(&Fabric::mrs); }
+std::size_t SoftVerbs::live_qps() const { return count_live(&Fabric::qps); }
+std::size_t SoftVerbs::live_pds() const { return count_live(&Fabric::pds); }
+std::size_t SoftVerbs::live_cqs() const { return count_live(&Fabric::cqs); }
+std::size_t SoftVerbs::live_comp_channels() const { return count_live(&Fabric::channels); }
+std::size_t SoftVerbs::open_contexts() const { return count_live(&Fabric::contexts); }
 std::size_t SoftVerbs::live_device_lists() const {
   return locked([](Fabric& f) { return f.device_lists.size(); });
 }
@@ -1568,22 +1533,10 @@ std::size_t SoftVerbs::work_requests_executing_or_queued() const {
   });
 }
 std::size_t SoftVerbs::unacked_cq_events() const {
-  return locked([](Fabric& f) {
-    std::size_t n = 0;
-    for (const auto& [handle, cq] : f.cqs) {
-      if (is_current(f, *cq)) n += cq->events_read - cq->events_acked;
-    }
-    return n;
-  });
+  return count_unacked(&Fabric::cqs, &SoftCq::events_read, &SoftCq::events_acked);
 }
 std::size_t SoftVerbs::unacked_async_events() const {
-  return locked([](Fabric& f) {
-    std::size_t n = 0;
-    for (const auto& [handle, context] : f.contexts) {
-      if (is_current(f, *context)) n += context->async_read - context->async_acked;
-    }
-    return n;
-  });
+  return count_unacked(&Fabric::contexts, &SoftContext::async_read, &SoftContext::async_acked);
 }
 
 std::optional<std::uint32_t> SoftVerbs::rkey_of(const void* addr) const {

@@ -68,9 +68,11 @@ class WorkRequest {
     wr_.sg_list = nullptr;
     return *this;
   }
+  /// Chains `next` after this request and returns it, so that a longer
+  /// chain reads in post order: a.then(b).then(c).
   WorkRequest& then(WorkRequest& next) {
     wr_.next = next.get();
-    return *this;
+    return next;
   }
 
  private:
@@ -79,6 +81,53 @@ class WorkRequest {
 };
 
 std::uint32_t psn_of(const ibv_qp* qp) { return (qp->qp_num * 2654435761U) & 0xffffff; }
+
+/// The 8 bytes a link registers on each side.
+using Region = std::array<char, 8>;
+
+/// How a test's link differs from the default one.
+struct LinkOptions {
+  std::uint32_t max_send_wr = 16;           // a's send queue
+  int cqe = 64;                             // a's CQ
+  int responder_qp_access = kRemoteAccess;  // what b's QP allows a to do
+  Region local_bytes{};                     // what a's region holds at first
+  Region remote_bytes{};                    // and b's
+  int remote_region_access = kFullAccess;
+};
+
+/// Two endpoints with an 8-byte region registered on each: `a` sends the
+/// requests, `b` answers them. Most transfer tests need no more.
+struct Link {
+  Link(Endpoint& requester, Endpoint& responder) : a(requester), b(responder) {}
+  Link(const Link&) = delete;
+  Link& operator=(const Link&) = delete;
+
+  /// a writes its region into b's.
+  WorkRequest write(std::uint64_t wr_id) const {
+    return {IBV_WR_RDMA_WRITE, local.data(), lmr, 8, remote.data(), rmr->rkey, wr_id};
+  }
+  /// a reads b's region into its own.
+  WorkRequest read(std::uint64_t wr_id) const {
+    return {IBV_WR_RDMA_READ, local.data(), lmr, 8, remote.data(), rmr->rkey, wr_id};
+  }
+  /// b writes its region into a's: a request the other way.
+  WorkRequest reply(std::uint64_t wr_id) const {
+    return {IBV_WR_RDMA_WRITE, remote.data(), rmr, 8, local.data(), lmr->rkey, wr_id};
+  }
+
+  Endpoint& a;
+  Endpoint& b;
+  Region local{};   // registered on a
+  Region remote{};  // registered on b
+  ibv_mr* lmr = nullptr;
+  ibv_mr* rmr = nullptr;
+};
+
+/// Two endpoints whose QPs are connected to each other.
+struct Pair {
+  Endpoint& a;
+  Endpoint& b;
+};
 
 class SoftVerbs : public ::testing::Test {
  protected:
@@ -107,6 +156,7 @@ class SoftVerbs : public ::testing::Test {
       if (e.pd != nullptr) expect_done(v.dealloc_pd(e.pd), "dealloc_pd");
       if (e.ctx != nullptr) expect_done(v.close_device(e.ctx), "close_device");
     }
+    links.clear();
     endpoints.clear();
   }
 
@@ -119,6 +169,13 @@ class SoftVerbs : public ::testing::Test {
     v.free_device_list(list);
     EXPECT_NE(ctx, nullptr);
     return ctx;
+  }
+
+  /// An endpoint with a context only, for tests that create the rest themselves.
+  Endpoint& bare_endpoint() {
+    Endpoint& e = endpoints.emplace_back();
+    e.ctx = open_context();
+    return e;
   }
 
   /// A fresh endpoint on its own context; torn down by TearDown.
@@ -208,6 +265,37 @@ class SoftVerbs : public ::testing::Test {
     ASSERT_EQ(to_rts(b), 0);
   }
 
+  /// Two fresh endpoints, `a` with the given queue sizes, connected.
+  Pair connected_pair(const LinkOptions& options = {}) {
+    Endpoint& a = endpoint(options.max_send_wr, options.cqe);
+    Endpoint& b = endpoint();
+    connect(a, b, kRemoteAccess, options.responder_qp_access);
+    return {a, b};
+  }
+
+  /// Registers a link's regions on `a` and `b`, however their QPs are connected.
+  Link& link_between(Endpoint& a, Endpoint& b, const LinkOptions& options = {}) {
+    Link& l = links.emplace_back(a, b);
+    l.local = options.local_bytes;
+    l.remote = options.remote_bytes;
+    l.lmr = reg(a, l.local.data(), l.local.size());
+    l.rmr = reg(b, l.remote.data(), l.remote.size(), options.remote_region_access);
+    return l;
+  }
+
+  /// A link over a freshly connected pair.
+  Link& link(const LinkOptions& options = {}) {
+    auto [a, b] = connected_pair(options);
+    return link_between(a, b, options);
+  }
+
+  /// Moves `e`'s QP to `state` with the state alone (RESET and ERR need nothing else).
+  int set_state(Endpoint& e, ibv_qp_state state) {
+    ibv_qp_attr a{};
+    a.qp_state = state;
+    return v.modify_qp(e.qp, &a, IBV_QP_STATE);
+  }
+
   int post(Endpoint& e, WorkRequest& wr, ibv_send_wr** bad = nullptr) {
     ibv_send_wr* ignored = nullptr;
     return v.post_send(e.qp, wr.get(), bad != nullptr ? bad : &ignored);
@@ -226,6 +314,33 @@ class SoftVerbs : public ::testing::Test {
         },
         1000ms);
     return got;
+  }
+
+  /// Posts `wr` on `e` and polls for `n` completions; none when the post is refused.
+  std::vector<ibv_wc> post_and_poll(Endpoint& e, WorkRequest& wr, std::size_t n) {
+    const int rc = post(e, wr);
+    EXPECT_EQ(rc, 0);
+    if (rc != 0) return {};
+    return poll(e, n);
+  }
+
+  /// Polls once, without waiting: how many completions were there (0 or 1).
+  int poll_once(Endpoint& e) {
+    ibv_wc wc{};
+    return v.poll_cq(e.cq, 1, &wc);
+  }
+
+  /// Waits for the next completion of `e` and checks its status.
+  void expect_completion(Endpoint& e, ibv_wc_status status) {
+    const auto wc = poll(e, 1);
+    ASSERT_EQ(wc.size(), 1U);
+    EXPECT_EQ(wc[0].status, status);
+  }
+
+  /// Posts `wr` on `e` and checks the status it completes with.
+  void expect_completes(Endpoint& e, WorkRequest wr, ibv_wc_status status) {
+    ASSERT_EQ(post(e, wr), 0);
+    expect_completion(e, status);
   }
 
   /// Waits until the provider executed everything it accepted.
@@ -247,10 +362,21 @@ class SoftVerbs : public ::testing::Test {
     return readable(ctx->async_fd, 1000ms) && v.get_async_event(ctx, &event) == 0;
   }
 
+  /// Reads the next async event of `e`, checks that it is `type` about e's
+  /// QP, and acknowledges it.
+  void expect_qp_event(Endpoint& e, ibv_event_type type) {
+    ibv_async_event event{};
+    ASSERT_TRUE(next_async_event(e.ctx, event));
+    EXPECT_EQ(event.event_type, type);
+    EXPECT_EQ(event.element.qp, e.qp);
+    v.ack_async_event(&event);
+  }
+
   Provider& provider = Provider::instance();
   std::shared_ptr<const corma::verbs::IbvApi> api = provider.api();
   const corma::verbs::IbvApi& v = *api;
   std::deque<Endpoint> endpoints;
+  std::deque<Link> links;
   std::size_t expected_misuses = 0;
   /// The local ACK timeout to_rts sets: 14 (67 ms per try) as a real
   /// deployment would; tests of unanswered requests shorten it.
@@ -302,10 +428,8 @@ TEST_F(SoftVerbs, DeviceAndPortQueriesDescribeTheConfiguration) {
   config.max_qp_wr = 128;
   config.max_msg_sz = 8192;
   provider.reset(config);
-  Endpoint& a = endpoints.emplace_back();
-  Endpoint& b = endpoints.emplace_back();
-  a.ctx = open_context();
-  b.ctx = open_context();
+  Endpoint& a = bare_endpoint();
+  Endpoint& b = bare_endpoint();
   ASSERT_NE(b.ctx, nullptr);
   EXPECT_GE(a.ctx->async_fd, 0);
 
@@ -391,20 +515,13 @@ TEST_F(SoftVerbs, RoceHasNoLidAndConnectsByGid) {
   ASSERT_EQ(to_rtr(b, a), 0);
   ASSERT_EQ(to_rts(a), 0);
   ASSERT_EQ(to_rts(b), 0);
-  std::array<char, 8> src{"roce-v2"}, dst{};
-  ibv_mr* local = reg(a, src.data(), src.size());
-  ibv_mr* remote = reg(b, dst.data(), dst.size());
-  WorkRequest write(IBV_WR_RDMA_WRITE, src.data(), local, 8, dst.data(), remote->rkey, 1);
-  ASSERT_EQ(post(a, write), 0);
-  auto wc = poll(a, 1);
-  ASSERT_EQ(wc.size(), 1U);
-  EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS);
-  EXPECT_EQ(dst, src);
+  Link& l = link_between(a, b, {.local_bytes = {"roce-v2"}});
+  expect_completes(a, l.write(1), IBV_WC_SUCCESS);
+  EXPECT_EQ(l.remote, l.local);
 }
 
 TEST_F(SoftVerbs, CloseDeviceIsRefusedWhileResourcesLive) {
-  Endpoint& e = endpoints.emplace_back();
-  e.ctx = open_context();
+  Endpoint& e = bare_endpoint();
   e.pd = v.alloc_pd(e.ctx);
   ASSERT_NE(e.pd, nullptr);
   EXPECT_EQ(v.close_device(e.ctx), EBUSY);
@@ -539,21 +656,16 @@ TEST_F(SoftVerbs, QpStateMachineRejectsWrongTransitionsAndMissingAttributes) {
   EXPECT_EQ(a.qp->state, IBV_QPS_RTS);
   EXPECT_EQ(to_init(a), EINVAL);  // RTS→INIT
 
-  ibv_qp_attr state{};
-  state.qp_state = IBV_QPS_ERR;
-  ASSERT_EQ(v.modify_qp(a.qp, &state, IBV_QP_STATE), 0);
+  ASSERT_EQ(set_state(a, IBV_QPS_ERR), 0);
   EXPECT_EQ(to_rts(a), EINVAL);  // only RESET leaves ERR
-  state.qp_state = IBV_QPS_RESET;
-  ASSERT_EQ(v.modify_qp(a.qp, &state, IBV_QP_STATE), 0);
+  ASSERT_EQ(set_state(a, IBV_QPS_RESET), 0);
   EXPECT_EQ(to_init(a), 0);
 }
 
 // ---- Transfers --------------------------------------------------------------
 
 TEST_F(SoftVerbs, RdmaWriteAndReadMoveBytes) {
-  Endpoint& a = endpoint();
-  Endpoint& b = endpoint();
-  connect(a, b);
+  auto [a, b] = connected_pair();
   std::array<char, 16> local{"local bytes"}, remote{"remote bytes"}, sink{};
   ibv_mr* lmr = reg(a, local.data(), local.size());
   ibv_mr* smr = reg(a, sink.data(), sink.size());
@@ -564,8 +676,7 @@ TEST_F(SoftVerbs, RdmaWriteAndReadMoveBytes) {
   WorkRequest read(IBV_WR_RDMA_READ, sink.data(), smr, 16, remote.data(), rmr->rkey, 7);
   WorkRequest write(IBV_WR_RDMA_WRITE, local.data(), lmr, 16, window.data(), wmr->rkey, 8);
   read.then(write);
-  ASSERT_EQ(post(a, read), 0);
-  auto wc = poll(a, 2);
+  auto wc = post_and_poll(a, read, 2);
   ASSERT_EQ(wc.size(), 2U);
   EXPECT_EQ(wc[0].wr_id, 7U);
   EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS);
@@ -582,9 +693,7 @@ TEST_F(SoftVerbs, RdmaWriteAndReadMoveBytes) {
 }
 
 TEST_F(SoftVerbs, ChainExecutesInPostOrder) {
-  Endpoint& a = endpoint();
-  Endpoint& b = endpoint();
-  connect(a, b);
+  auto [a, b] = connected_pair();
   std::array<char, 8> first{"first"}, back{}, target{};
   ibv_mr* fmr = reg(a, first.data(), first.size());
   ibv_mr* bmr = reg(a, back.data(), back.size());
@@ -593,17 +702,14 @@ TEST_F(SoftVerbs, ChainExecutesInPostOrder) {
   WorkRequest write(IBV_WR_RDMA_WRITE, first.data(), fmr, 8, target.data(), tmr->rkey, 1);
   WorkRequest read(IBV_WR_RDMA_READ, back.data(), bmr, 8, target.data(), tmr->rkey, 2);
   write.unsignaled().then(read);
-  ASSERT_EQ(post(a, write), 0);
-  auto wc = poll(a, 1);
+  auto wc = post_and_poll(a, write, 1);
   ASSERT_EQ(wc.size(), 1U);
   EXPECT_EQ(wc[0].wr_id, 2U);
   EXPECT_EQ(back, first);
 }
 
 TEST_F(SoftVerbs, OutOfBoundsRemoteRangeFailsAndLaterRequestsFlush) {
-  Endpoint& a = endpoint();
-  Endpoint& b = endpoint();
-  connect(a, b);
+  auto [a, b] = connected_pair();
   std::array<char, 32> sink{}, remote{"remote"};
   ibv_mr* smr = reg(a, sink.data(), sink.size());
   ibv_mr* rmr = reg(b, remote.data(), 16);  // only the first half is registered
@@ -622,49 +728,29 @@ TEST_F(SoftVerbs, OutOfBoundsRemoteRangeFailsAndLaterRequestsFlush) {
   EXPECT_EQ(a.qp->state, IBV_QPS_RTS);  // as in libibverbs, only modify_qp updates the field
 
   // The responder rejected the request: its QP stopped too, and said so.
-  ibv_async_event event{};
-  ASSERT_TRUE(next_async_event(b.ctx, event));
-  EXPECT_EQ(event.event_type, IBV_EVENT_QP_ACCESS_ERR);
-  EXPECT_EQ(event.element.qp, b.qp);
-  v.ack_async_event(&event);
+  expect_qp_event(b, IBV_EVENT_QP_ACCESS_ERR);
 
   // A QP in error accepts work and flushes it.
-  WorkRequest later(IBV_WR_RDMA_READ, sink.data(), smr, 8, remote.data(), rmr->rkey, 3);
-  ASSERT_EQ(post(a, later), 0);
-  wc = poll(a, 1);
-  ASSERT_EQ(wc.size(), 1U);
-  EXPECT_EQ(wc[0].status, IBV_WC_WR_FLUSH_ERR);
+  expect_completes(a, WorkRequest(IBV_WR_RDMA_READ, sink.data(), smr, 8, remote.data(), rmr->rkey, 3),
+                   IBV_WC_WR_FLUSH_ERR);
 }
 
 TEST_F(SoftVerbs, ReadNeedsRemoteReadOnTheTargetRegion) {
-  Endpoint& a = endpoint();
-  Endpoint& b = endpoint();
-  connect(a, b);
-  std::array<char, 8> sink{}, remote{"secret"};
-  ibv_mr* smr = reg(a, sink.data(), sink.size());
-  ibv_mr* rmr = reg(b, remote.data(), remote.size(), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-  WorkRequest read(IBV_WR_RDMA_READ, sink.data(), smr, 8, remote.data(), rmr->rkey, 1);
-  ASSERT_EQ(post(a, read), 0);
-  auto wc = poll(a, 1);
-  ASSERT_EQ(wc.size(), 1U);
-  EXPECT_EQ(wc[0].status, IBV_WC_REM_ACCESS_ERR);
-  EXPECT_EQ(sink, decltype(sink){});
+  Link& l = link({.remote_bytes = {"secret"},
+                  .remote_region_access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE});
+  expect_completes(l.a, l.read(1), IBV_WC_REM_ACCESS_ERR);
+  EXPECT_EQ(l.local, Region{});
 }
 
 TEST_F(SoftVerbs, KeysAreCheckedAgainstTheRightTableAndDomain) {
   const auto status_of = [&](auto prepare) {
-    Endpoint& a = endpoint();
-    Endpoint& b = endpoint();
-    connect(a, b);
-    std::array<char, 8> sink{}, remote{"remote"};
-    ibv_mr* smr = reg(a, sink.data(), sink.size());
-    ibv_mr* rmr = reg(b, remote.data(), remote.size());
-    ibv_mr* foreign = reg(b, sink.data(), sink.size());  // the right bytes, the wrong PD
-    ibv_mr* readonly = reg(a, sink.data(), sink.size(), IBV_ACCESS_REMOTE_READ);
-    WorkRequest read(IBV_WR_RDMA_READ, sink.data(), smr, 8, remote.data(), rmr->rkey, 1);
-    prepare(*read.get(), smr, rmr, foreign, readonly);
-    EXPECT_EQ(post(a, read), 0);
-    auto wc = poll(a, 1);
+    Link& l = link({.remote_bytes = {"remote"}});
+    ibv_mr* foreign = reg(l.b, l.local.data(), l.local.size());  // the right bytes, the wrong PD
+    ibv_mr* readonly = reg(l.a, l.local.data(), l.local.size(), IBV_ACCESS_REMOTE_READ);
+    WorkRequest read = l.read(1);
+    prepare(*read.get(), l.lmr, l.rmr, foreign, readonly);
+    EXPECT_EQ(post(l.a, read), 0);
+    auto wc = poll(l.a, 1);
     auto status = wc.size() == 1 ? wc[0].status : IBV_WC_GENERAL_ERR;
     release_endpoints();
     return status;
@@ -684,26 +770,21 @@ TEST_F(SoftVerbs, RequestLongerThanMaxMsgSzIsALocalLengthError) {
   SoftVerbsConfig config;
   config.max_msg_sz = 4096;
   provider.reset(config);
-  Endpoint& a = endpoint();
-  Endpoint& b = endpoint();
-  connect(a, b);
+  auto [a, b] = connected_pair();
   std::vector<char> local(8192), remote(8192);
   ibv_mr* lmr = reg(a, local.data(), local.size());
   ibv_mr* rmr = reg(b, remote.data(), remote.size());
   WorkRequest at_limit(IBV_WR_RDMA_WRITE, local.data(), lmr, 4096, remote.data(), rmr->rkey, 1);
   WorkRequest too_long(IBV_WR_RDMA_WRITE, local.data(), lmr, 4097, remote.data(), rmr->rkey, 2);
   at_limit.then(too_long);
-  ASSERT_EQ(post(a, at_limit), 0);
-  auto wc = poll(a, 2);
+  auto wc = post_and_poll(a, at_limit, 2);
   ASSERT_EQ(wc.size(), 2U);
   EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS);
   EXPECT_EQ(wc[1].status, IBV_WC_LOC_LEN_ERR);
 }
 
 TEST_F(SoftVerbs, ZeroLengthRequestsComplete) {
-  Endpoint& a = endpoint();
-  Endpoint& b = endpoint();
-  connect(a, b);
+  auto [a, b] = connected_pair();
   std::array<char, 8> buffer{};
   ibv_mr* mr = reg(a, buffer.data(), buffer.size());
   // No R_Key is checked for a zero-length operation.
@@ -711,8 +792,7 @@ TEST_F(SoftVerbs, ZeroLengthRequestsComplete) {
   no_sge.without_sge();
   WorkRequest empty_sge(IBV_WR_RDMA_WRITE, buffer.data(), mr, 0, nullptr, 0xdead, 2);
   no_sge.then(empty_sge);
-  ASSERT_EQ(post(a, no_sge), 0);
-  auto wc = poll(a, 2);
+  auto wc = post_and_poll(a, no_sge, 2);
   ASSERT_EQ(wc.size(), 2U);
   EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS);
   EXPECT_EQ(wc[0].byte_len, 0U);
@@ -720,29 +800,12 @@ TEST_F(SoftVerbs, ZeroLengthRequestsComplete) {
 }
 
 TEST_F(SoftVerbs, ResponderQpMustAllowTheOperation) {
-  Endpoint& a = endpoint();
-  Endpoint& b = endpoint();
-  connect(a, b, kRemoteAccess, IBV_ACCESS_REMOTE_WRITE);  // b's QP takes writes only
-  std::array<char, 8> sink{}, remote{"remote"};
-  ibv_mr* smr = reg(a, sink.data(), sink.size());
-  ibv_mr* rmr = reg(b, remote.data(), remote.size());
-  WorkRequest read(IBV_WR_RDMA_READ, sink.data(), smr, 8, remote.data(), rmr->rkey, 1);
-  ASSERT_EQ(post(a, read), 0);
-  auto wc = poll(a, 1);
-  ASSERT_EQ(wc.size(), 1U);
-  EXPECT_EQ(wc[0].status, IBV_WC_REM_INV_REQ_ERR);
-
-  ibv_async_event event{};
-  ASSERT_TRUE(next_async_event(b.ctx, event));
-  EXPECT_EQ(event.event_type, IBV_EVENT_QP_REQ_ERR);
-  EXPECT_EQ(event.element.qp, b.qp);
-  v.ack_async_event(&event);
+  // b's QP takes writes only.
+  Link& l = link({.responder_qp_access = IBV_ACCESS_REMOTE_WRITE, .remote_bytes = {"remote"}});
+  expect_completes(l.a, l.read(1), IBV_WC_REM_INV_REQ_ERR);
+  expect_qp_event(l.b, IBV_EVENT_QP_REQ_ERR);
   // b's QP is in error now: what it posts flushes.
-  WorkRequest reply(IBV_WR_RDMA_WRITE, remote.data(), rmr, 8, sink.data(), smr->rkey, 2);
-  ASSERT_EQ(post(b, reply), 0);
-  wc = poll(b, 1);
-  ASSERT_EQ(wc.size(), 1U);
-  EXPECT_EQ(wc[0].status, IBV_WC_WR_FLUSH_ERR);
+  expect_completes(l.b, l.reply(2), IBV_WC_WR_FLUSH_ERR);
 }
 
 TEST_F(SoftVerbs, UnansweredRequestsExhaustRetries) {
@@ -756,33 +819,22 @@ TEST_F(SoftVerbs, UnansweredRequestsExhaustRetries) {
   ASSERT_EQ(to_rtr(a, b), 0);
   ASSERT_EQ(to_rtr(b, c), 0);  // b answers c, not a
   ASSERT_EQ(to_rts(a), 0);
-  std::array<char, 8> buffer{};
-  ibv_mr* lmr = reg(a, buffer.data(), buffer.size());
-  ibv_mr* rmr = reg(b, buffer.data(), buffer.size());
-  WorkRequest write(IBV_WR_RDMA_WRITE, buffer.data(), lmr, 8, buffer.data(), rmr->rkey, 1);
-  WorkRequest behind(IBV_WR_RDMA_WRITE, buffer.data(), lmr, 8, buffer.data(), rmr->rkey, 3);
+  Link& ab = link_between(a, b);
+  WorkRequest write = ab.write(1);
+  WorkRequest behind = ab.write(3);
   write.then(behind);
   const auto start = std::chrono::steady_clock::now();
-  ASSERT_EQ(post(a, write), 0);
-  auto wc = poll(a, 2);
+  auto wc = post_and_poll(a, write, 2);
   ASSERT_EQ(wc.size(), 2U);
   EXPECT_EQ(wc[0].status, IBV_WC_RETRY_EXC_ERR);
   EXPECT_EQ(wc[1].status, IBV_WC_WR_FLUSH_ERR);  // it waited behind, then flushed
   EXPECT_GE(std::chrono::steady_clock::now() - start, 8 * 65536ns);
 
   // A peer whose QP is gone does not answer either.
-  Endpoint& d = endpoint();
-  Endpoint& e = endpoint();
-  connect(d, e);
-  ibv_mr* dmr = reg(d, buffer.data(), buffer.size());
-  ibv_mr* emr = reg(e, buffer.data(), buffer.size());
-  ASSERT_EQ(v.destroy_qp(e.qp), 0);
-  e.qp = nullptr;
-  WorkRequest orphan(IBV_WR_RDMA_WRITE, buffer.data(), dmr, 8, buffer.data(), emr->rkey, 2);
-  ASSERT_EQ(post(d, orphan), 0);
-  wc = poll(d, 1);
-  ASSERT_EQ(wc.size(), 1U);
-  EXPECT_EQ(wc[0].status, IBV_WC_RETRY_EXC_ERR);
+  Link& orphaned = link();
+  ASSERT_EQ(v.destroy_qp(orphaned.b.qp), 0);
+  orphaned.b.qp = nullptr;
+  expect_completes(orphaned.a, orphaned.write(2), IBV_WC_RETRY_EXC_ERR);
 }
 
 TEST_F(SoftVerbs, RequestsWaitForAResponderThatIsNotReadyYet) {
@@ -794,54 +846,37 @@ TEST_F(SoftVerbs, RequestsWaitForAResponderThatIsNotReadyYet) {
   ASSERT_EQ(to_init(b), 0);
   ASSERT_EQ(to_rtr(a, b), 0);
   ASSERT_EQ(to_rts(a), 0);
-  std::array<char, 8> local{"early"}, remote{};
-  ibv_mr* lmr = reg(a, local.data(), local.size());
-  ibv_mr* rmr = reg(b, remote.data(), remote.size());
-  WorkRequest write(IBV_WR_RDMA_WRITE, local.data(), lmr, 8, remote.data(), rmr->rkey, 1);
+  Link& l = link_between(a, b, {.local_bytes = {"early"}});
+  WorkRequest write = l.write(1);
   ASSERT_EQ(post(a, write), 0);
   ASSERT_EQ(to_rtr(b, a), 0);
-  auto wc = poll(a, 1);
-  ASSERT_EQ(wc.size(), 1U);
-  EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS);
-  EXPECT_EQ(remote, local);
+  expect_completion(a, IBV_WC_SUCCESS);
+  EXPECT_EQ(l.remote, l.local);
 }
 
 TEST_F(SoftVerbs, DeregisteredRegionFailsQueuedRequests) {
-  Endpoint& a = endpoint();
-  Endpoint& b = endpoint();
-  connect(a, b);
-  std::array<char, 8> local{"bytes"}, remote{};
-  ibv_mr* lmr = reg(a, local.data(), local.size());
-  ibv_mr* rmr = reg(b, remote.data(), remote.size());
+  Link& l = link({.local_bytes = {"bytes"}});
   provider.hold_work();
-  WorkRequest write(IBV_WR_RDMA_WRITE, local.data(), lmr, 8, remote.data(), rmr->rkey, 1);
-  ASSERT_EQ(post(a, write), 0);
-  ASSERT_EQ(v.dereg_mr(rmr), 0);
-  b.mrs.clear();
+  WorkRequest write = l.write(1);
+  ASSERT_EQ(post(l.a, write), 0);
+  ASSERT_EQ(v.dereg_mr(l.rmr), 0);
+  l.b.mrs.clear();
   provider.release_work();
-  auto wc = poll(a, 1);
-  ASSERT_EQ(wc.size(), 1U);
-  EXPECT_EQ(wc[0].status, IBV_WC_REM_ACCESS_ERR);
-  EXPECT_EQ(remote, decltype(remote){});
+  expect_completion(l.a, IBV_WC_REM_ACCESS_ERR);
+  EXPECT_EQ(l.remote, Region{});
 }
 
 // ---- Send queue depth -------------------------------------------------------
 
 TEST_F(SoftVerbs, SendQueueOverrunIsRefusedAndCounted) {
-  Endpoint& a = endpoint(2);
-  Endpoint& b = endpoint();
-  connect(a, b);
-  std::array<char, 8> buffer{};
-  ibv_mr* lmr = reg(a, buffer.data(), buffer.size());
-  ibv_mr* rmr = reg(b, buffer.data(), buffer.size());
-  WorkRequest w1(IBV_WR_RDMA_WRITE, buffer.data(), lmr, 8, buffer.data(), rmr->rkey, 1);
-  WorkRequest w2(IBV_WR_RDMA_WRITE, buffer.data(), lmr, 8, buffer.data(), rmr->rkey, 2);
-  WorkRequest w3(IBV_WR_RDMA_WRITE, buffer.data(), lmr, 8, buffer.data(), rmr->rkey, 3);
-  w1.then(w2);
-  w2.then(w3);
+  Link& l = link({.max_send_wr = 2});
+  WorkRequest w1 = l.write(1);
+  WorkRequest w2 = l.write(2);
+  WorkRequest w3 = l.write(3);
+  w1.then(w2).then(w3);
   provider.hold_work();
   ibv_send_wr* bad = nullptr;
-  EXPECT_EQ(post(a, w1, &bad), ENOMEM);
+  EXPECT_EQ(post(l.a, w1, &bad), ENOMEM);
   EXPECT_EQ(bad, w3.get());  // the first two were accepted
   EXPECT_EQ(provider.work_requests_posted(), 2U);
   EXPECT_EQ(provider.overruns(), 1U);
@@ -850,95 +885,71 @@ TEST_F(SoftVerbs, SendQueueOverrunIsRefusedAndCounted) {
   // Executed but not yet polled: the slots are still taken.
   provider.release_work();
   ASSERT_TRUE(drained());
-  EXPECT_EQ(post(a, w3, &bad), ENOMEM);
+  EXPECT_EQ(post(l.a, w3, &bad), ENOMEM);
   EXPECT_EQ(provider.overruns(), 2U);
-  ASSERT_EQ(poll(a, 2).size(), 2U);
-  EXPECT_EQ(post(a, w3), 0);
-  EXPECT_EQ(poll(a, 1).size(), 1U);
+  ASSERT_EQ(poll(l.a, 2).size(), 2U);
+  EXPECT_EQ(post(l.a, w3), 0);
+  EXPECT_EQ(poll(l.a, 1).size(), 1U);
   EXPECT_EQ(provider.max_outstanding(), 2U);
 }
 
 TEST_F(SoftVerbs, UnsignaledRequestsHoldSlotsUntilALaterCompletionIsPolled) {
-  Endpoint& a = endpoint(3);
-  Endpoint& b = endpoint();
-  connect(a, b);
-  std::array<char, 8> buffer{};
-  ibv_mr* lmr = reg(a, buffer.data(), buffer.size());
-  ibv_mr* rmr = reg(b, buffer.data(), buffer.size());
-  WorkRequest quiet1(IBV_WR_RDMA_WRITE, buffer.data(), lmr, 8, buffer.data(), rmr->rkey, 1);
-  WorkRequest quiet2(IBV_WR_RDMA_WRITE, buffer.data(), lmr, 8, buffer.data(), rmr->rkey, 2);
-  WorkRequest loud(IBV_WR_RDMA_WRITE, buffer.data(), lmr, 8, buffer.data(), rmr->rkey, 3);
+  Link& l = link({.max_send_wr = 3});
+  WorkRequest quiet1 = l.write(1);
+  WorkRequest quiet2 = l.write(2);
+  WorkRequest loud = l.write(3);
   quiet1.unsignaled().then(quiet2);
   quiet2.unsignaled();
-  ASSERT_EQ(post(a, quiet1), 0);
+  ASSERT_EQ(post(l.a, quiet1), 0);
   ASSERT_TRUE(drained());
-  ibv_wc wc{};
-  EXPECT_EQ(v.poll_cq(a.cq, 1, &wc), 0);  // unsignaled successes complete silently
-  ASSERT_EQ(post(a, loud), 0);
-  auto got = poll(a, 1);
+  EXPECT_EQ(poll_once(l.a), 0);  // unsignaled successes complete silently
+  auto got = post_and_poll(l.a, loud, 1);
   ASSERT_EQ(got.size(), 1U);
   EXPECT_EQ(got[0].wr_id, 3U);
   // That completion freed all three slots.
-  WorkRequest n1(IBV_WR_RDMA_WRITE, buffer.data(), lmr, 8, buffer.data(), rmr->rkey, 4);
-  WorkRequest n2(IBV_WR_RDMA_WRITE, buffer.data(), lmr, 8, buffer.data(), rmr->rkey, 5);
-  WorkRequest n3(IBV_WR_RDMA_WRITE, buffer.data(), lmr, 8, buffer.data(), rmr->rkey, 6);
-  n1.then(n2);
-  n2.then(n3);
-  ASSERT_EQ(post(a, n1), 0);
-  EXPECT_EQ(poll(a, 3).size(), 3U);
+  WorkRequest n1 = l.write(4);
+  WorkRequest n2 = l.write(5);
+  WorkRequest n3 = l.write(6);
+  n1.then(n2).then(n3);
+  EXPECT_EQ(post_and_poll(l.a, n1, 3).size(), 3U);
   EXPECT_EQ(provider.overruns(), 0U);
 }
 
 TEST_F(SoftVerbs, CqOverrunIsCountedAndRaisesCqError) {
-  Endpoint& a = endpoint(4, 2);
-  Endpoint& b = endpoint();
-  connect(a, b);
-  std::array<char, 8> buffer{};
-  ibv_mr* lmr = reg(a, buffer.data(), buffer.size());
-  ibv_mr* rmr = reg(b, buffer.data(), buffer.size());
-  WorkRequest w1(IBV_WR_RDMA_WRITE, buffer.data(), lmr, 8, buffer.data(), rmr->rkey, 1);
-  WorkRequest w2(IBV_WR_RDMA_WRITE, buffer.data(), lmr, 8, buffer.data(), rmr->rkey, 2);
-  WorkRequest w3(IBV_WR_RDMA_WRITE, buffer.data(), lmr, 8, buffer.data(), rmr->rkey, 3);
-  w1.then(w2);
-  w2.then(w3);
-  ASSERT_EQ(post(a, w1), 0);
+  Link& l = link({.max_send_wr = 4, .cqe = 2});
+  WorkRequest w1 = l.write(1);
+  WorkRequest w2 = l.write(2);
+  WorkRequest w3 = l.write(3);
+  w1.then(w2).then(w3);
+  ASSERT_EQ(post(l.a, w1), 0);
   ASSERT_TRUE(drained());
   EXPECT_EQ(provider.cq_overruns(), 1U);
-  EXPECT_EQ(poll(a, 2).size(), 2U);
-  ibv_wc lost{};
-  EXPECT_EQ(v.poll_cq(a.cq, 1, &lost), 0);  // the third completion did not fit
+  EXPECT_EQ(poll(l.a, 2).size(), 2U);
+  EXPECT_EQ(poll_once(l.a), 0);  // the third completion did not fit
   ibv_async_event event{};
-  ASSERT_TRUE(next_async_event(a.ctx, event));
+  ASSERT_TRUE(next_async_event(l.a.ctx, event));
   EXPECT_EQ(event.event_type, IBV_EVENT_CQ_ERR);
-  EXPECT_EQ(event.element.cq, a.cq);
-  EXPECT_EQ(v.destroy_cq(a.cq), EBUSY);  // qp, and an unacknowledged event
+  EXPECT_EQ(event.element.cq, l.a.cq);
+  EXPECT_EQ(v.destroy_cq(l.a.cq), EBUSY);  // qp, and an unacknowledged event
   v.ack_async_event(&event);
 }
 
 TEST_F(SoftVerbs, ResetAndDestroyDiscardQueuedWorkWithoutCompletions) {
-  Endpoint& a = endpoint();
-  Endpoint& b = endpoint();
-  connect(a, b);
-  std::array<char, 8> buffer{};
-  ibv_mr* lmr = reg(a, buffer.data(), buffer.size());
-  ibv_mr* rmr = reg(b, buffer.data(), buffer.size());
+  Link& l = link();
   provider.hold_work();
-  WorkRequest w1(IBV_WR_RDMA_WRITE, buffer.data(), lmr, 8, buffer.data(), rmr->rkey, 1);
-  ASSERT_EQ(post(a, w1), 0);
-  ibv_qp_attr reset{};
-  reset.qp_state = IBV_QPS_RESET;
-  ASSERT_EQ(v.modify_qp(a.qp, &reset, IBV_QP_STATE), 0);
+  WorkRequest w1 = l.write(1);
+  ASSERT_EQ(post(l.a, w1), 0);
+  ASSERT_EQ(set_state(l.a, IBV_QPS_RESET), 0);
   EXPECT_EQ(provider.work_requests_executing_or_queued(), 0U);
 
-  WorkRequest w2(IBV_WR_RDMA_WRITE, buffer.data(), rmr, 8, buffer.data(), lmr->rkey, 2);
-  ASSERT_EQ(post(b, w2), 0);
-  ASSERT_EQ(v.destroy_qp(b.qp), 0);
-  b.qp = nullptr;
+  WorkRequest w2 = l.reply(2);
+  ASSERT_EQ(post(l.b, w2), 0);
+  ASSERT_EQ(v.destroy_qp(l.b.qp), 0);
+  l.b.qp = nullptr;
   EXPECT_EQ(provider.work_requests_executing_or_queued(), 0U);
   provider.release_work();
-  ibv_wc wc{};
-  EXPECT_EQ(v.poll_cq(a.cq, 1, &wc), 0);
-  EXPECT_EQ(v.poll_cq(b.cq, 1, &wc), 0);
+  EXPECT_EQ(poll_once(l.a), 0);
+  EXPECT_EQ(poll_once(l.b), 0);
 }
 
 TEST_F(SoftVerbs, ConcurrentPostersStayWithinTheirQueues) {
@@ -988,9 +999,8 @@ TEST_F(SoftVerbs, ConcurrentPostersStayWithinTheirQueues) {
 // ---- Completion channel -----------------------------------------------------
 
 TEST_F(SoftVerbs, CompletionChannelSignalsOnlyArmedCompletions) {
-  Endpoint& a = endpoint();
-  Endpoint& b = endpoint();
-  connect(a, b);
+  Link& l = link();
+  Endpoint& a = l.a;
   make_nonblocking(a.channel->fd);
   ibv_cq* cq = nullptr;
   void* cq_context = nullptr;
@@ -998,17 +1008,13 @@ TEST_F(SoftVerbs, CompletionChannelSignalsOnlyArmedCompletions) {
   EXPECT_EQ(v.get_cq_event(a.channel, &cq, &cq_context), -1);
   EXPECT_EQ(errno, EAGAIN);
 
-  std::array<char, 8> buffer{};
-  ibv_mr* lmr = reg(a, buffer.data(), buffer.size());
-  ibv_mr* rmr = reg(b, buffer.data(), buffer.size());
-  WorkRequest unarmed(IBV_WR_RDMA_WRITE, buffer.data(), lmr, 8, buffer.data(), rmr->rkey, 1);
-  ASSERT_EQ(post(a, unarmed), 0);
-  ASSERT_EQ(poll(a, 1).size(), 1U);
+  WorkRequest unarmed = l.write(1);
+  ASSERT_EQ(post_and_poll(a, unarmed, 1).size(), 1U);
   EXPECT_FALSE(readable(a.channel->fd, 0ms));
 
   // Arming does not notify for completions already queued, only new ones.
   provider.hold_work();
-  WorkRequest queued(IBV_WR_RDMA_WRITE, buffer.data(), lmr, 8, buffer.data(), rmr->rkey, 2);
+  WorkRequest queued = l.write(2);
   ASSERT_EQ(post(a, queued), 0);
   ASSERT_EQ(v.req_notify_cq(a.cq, 0), 0);
   EXPECT_FALSE(readable(a.channel->fd, 0ms));
@@ -1042,27 +1048,22 @@ TEST_F(SoftVerbs, DestroyIsRefusedWhileInUse) {
 // ---- Faults -----------------------------------------------------------------
 
 TEST_F(SoftVerbs, MoveQpsToErrorFlushesAndRaisesQpFatal) {
-  Endpoint& a = endpoint();
-  Endpoint& b = endpoint();
-  connect(a, b);
-  std::array<char, 8> buffer{};
-  ibv_mr* lmr = reg(a, buffer.data(), buffer.size());
-  ibv_mr* rmr = reg(b, buffer.data(), buffer.size());
+  Link& l = link();
   provider.hold_work();
-  WorkRequest w1(IBV_WR_RDMA_WRITE, buffer.data(), lmr, 8, buffer.data(), rmr->rkey, 1);
-  WorkRequest w2(IBV_WR_RDMA_WRITE, buffer.data(), lmr, 8, buffer.data(), rmr->rkey, 2);
+  WorkRequest w1 = l.write(1);
+  WorkRequest w2 = l.write(2);
   w1.unsignaled().then(w2);  // flushes complete even when unsignaled
-  ASSERT_EQ(post(a, w1), 0);
+  ASSERT_EQ(post(l.a, w1), 0);
   EXPECT_EQ(provider.work_requests_executing_or_queued(), 2U);
   provider.move_qps_to_error();
   EXPECT_EQ(provider.work_requests_executing_or_queued(), 0U);
-  auto wc = poll(a, 2);
+  auto wc = poll(l.a, 2);
   ASSERT_EQ(wc.size(), 2U);
   EXPECT_EQ(wc[0].wr_id, 1U);
   EXPECT_EQ(wc[0].status, IBV_WC_WR_FLUSH_ERR);
   EXPECT_EQ(wc[1].status, IBV_WC_WR_FLUSH_ERR);
 
-  for (Endpoint* e : {&a, &b}) {
+  for (Endpoint* e : {&l.a, &l.b}) {
     make_nonblocking(e->ctx->async_fd);
     ibv_async_event event{};
     ASSERT_TRUE(next_async_event(e->ctx, event));
@@ -1088,64 +1089,43 @@ TEST_F(SoftVerbs, RaisedAsyncEventsReachEveryContext) {
     EXPECT_EQ(event.event_type, IBV_EVENT_PORT_ERR);
     EXPECT_EQ(event.element.port_num, 1);
     v.ack_async_event(&event);
-    ASSERT_TRUE(next_async_event(e->ctx, event));
-    EXPECT_EQ(event.event_type, IBV_EVENT_COMM_EST);
-    EXPECT_EQ(event.element.qp, e->qp);
-    v.ack_async_event(&event);
+    expect_qp_event(*e, IBV_EVENT_COMM_EST);
   }
 }
 
 TEST_F(SoftVerbs, FailNextCompletionFailsOneRequestAndStopsTheQp) {
-  Endpoint& a = endpoint();
-  Endpoint& b = endpoint();
-  connect(a, b);
-  std::array<char, 8> local{"bytes"}, remote{};
-  ibv_mr* lmr = reg(a, local.data(), local.size());
-  ibv_mr* rmr = reg(b, remote.data(), remote.size());
+  Link& l = link({.local_bytes = {"bytes"}});
   provider.fail_next_completion(IBV_WC_RETRY_EXC_ERR);
-  WorkRequest w1(IBV_WR_RDMA_WRITE, local.data(), lmr, 8, remote.data(), rmr->rkey, 1);
-  WorkRequest w2(IBV_WR_RDMA_WRITE, local.data(), lmr, 8, remote.data(), rmr->rkey, 2);
+  WorkRequest w1 = l.write(1);
+  WorkRequest w2 = l.write(2);
   w1.unsignaled().then(w2);  // errors complete even when unsignaled
-  ASSERT_EQ(post(a, w1), 0);
-  auto wc = poll(a, 2);
+  auto wc = post_and_poll(l.a, w1, 2);
   ASSERT_EQ(wc.size(), 2U);
   EXPECT_EQ(wc[0].status, IBV_WC_RETRY_EXC_ERR);
   EXPECT_EQ(wc[1].status, IBV_WC_WR_FLUSH_ERR);
-  EXPECT_EQ(remote, decltype(remote){});
+  EXPECT_EQ(l.remote, Region{});
 }
 
 TEST_F(SoftVerbs, HoldWorkKeepsRequestsInFlightUntilReleased) {
-  Endpoint& a = endpoint();
-  Endpoint& b = endpoint();
-  connect(a, b);
-  std::array<char, 8> local{"held"}, remote{};
-  ibv_mr* lmr = reg(a, local.data(), local.size());
-  ibv_mr* rmr = reg(b, remote.data(), remote.size());
+  Link& l = link({.local_bytes = {"held"}});
   provider.hold_work();
-  WorkRequest write(IBV_WR_RDMA_WRITE, local.data(), lmr, 8, remote.data(), rmr->rkey, 1);
-  ASSERT_EQ(post(a, write), 0);
+  WorkRequest write = l.write(1);
+  ASSERT_EQ(post(l.a, write), 0);
   EXPECT_EQ(provider.work_requests_executing_or_queued(), 1U);
-  ibv_wc wc{};
-  EXPECT_EQ(v.poll_cq(a.cq, 1, &wc), 0);
-  EXPECT_EQ(remote, decltype(remote){});
+  EXPECT_EQ(poll_once(l.a), 0);
+  EXPECT_EQ(l.remote, Region{});
   provider.release_work();
-  EXPECT_EQ(poll(a, 1).size(), 1U);
-  EXPECT_EQ(remote, local);
+  EXPECT_EQ(poll(l.a, 1).size(), 1U);
+  EXPECT_EQ(l.remote, l.local);
   EXPECT_EQ(provider.work_requests_executing_or_queued(), 0U);
 }
 
 TEST_F(SoftVerbs, WorkDelayDefersExecution) {
-  Endpoint& a = endpoint();
-  Endpoint& b = endpoint();
-  connect(a, b);
-  std::array<char, 8> buffer{};
-  ibv_mr* lmr = reg(a, buffer.data(), buffer.size());
-  ibv_mr* rmr = reg(b, buffer.data(), buffer.size());
+  Link& l = link();
   provider.set_work_delay(20ms);
   const auto start = std::chrono::steady_clock::now();
-  WorkRequest write(IBV_WR_RDMA_WRITE, buffer.data(), lmr, 8, buffer.data(), rmr->rkey, 1);
-  ASSERT_EQ(post(a, write), 0);
-  ASSERT_EQ(poll(a, 1).size(), 1U);
+  WorkRequest write = l.write(1);
+  ASSERT_EQ(post_and_poll(l.a, write, 1).size(), 1U);
   EXPECT_GE(std::chrono::steady_clock::now() - start, 20ms);
 }
 
@@ -1167,15 +1147,10 @@ TEST_F(SoftVerbs, StaleHandlesAreCountedNotDereferenced) {
 }
 
 TEST_F(SoftVerbs, ResetLeavesEarlierObjectsUsableButUncounted) {
-  Endpoint& a = endpoint();
-  Endpoint& b = endpoint();
-  connect(a, b);
-  std::array<char, 8> local{"stale"}, remote{};
-  ibv_mr* lmr = reg(a, local.data(), local.size());
-  ibv_mr* rmr = reg(b, remote.data(), remote.size());
+  Link& l = link({.local_bytes = {"stale"}});
   provider.hold_work();
-  WorkRequest queued(IBV_WR_RDMA_WRITE, local.data(), lmr, 8, remote.data(), rmr->rkey, 1);
-  ASSERT_EQ(post(a, queued), 0);
+  WorkRequest queued = l.write(1);
+  ASSERT_EQ(post(l.a, queued), 0);
 
   provider.reset();  // as if the test had ended with a backend still shutting down
   EXPECT_EQ(provider.live_qps(), 0U);
@@ -1184,22 +1159,15 @@ TEST_F(SoftVerbs, ResetLeavesEarlierObjectsUsableButUncounted) {
   EXPECT_EQ(provider.work_requests_executing_or_queued(), 0U);
   // The leftover QP stopped: its queued request flushed and moved nothing,
   // and so does a later one.
-  auto wc = poll(a, 1);
-  ASSERT_EQ(wc.size(), 1U);
-  EXPECT_EQ(wc[0].status, IBV_WC_WR_FLUSH_ERR);
-  WorkRequest later(IBV_WR_RDMA_WRITE, local.data(), lmr, 8, remote.data(), rmr->rkey, 2);
-  ASSERT_EQ(post(a, later), 0);
-  wc = poll(a, 1);
-  ASSERT_EQ(wc.size(), 1U);
-  EXPECT_EQ(wc[0].status, IBV_WC_WR_FLUSH_ERR);
-  EXPECT_EQ(remote, decltype(remote){});
+  expect_completion(l.a, IBV_WC_WR_FLUSH_ERR);
+  expect_completes(l.a, l.write(2), IBV_WC_WR_FLUSH_ERR);
+  EXPECT_EQ(l.remote, Region{});
   EXPECT_EQ(provider.work_requests_posted(), 0U);  // counted for the generation that made the QP
   // TearDown then destroys everything without a single misuse.
 }
 
 TEST_F(SoftVerbs, ClosingAnFdTheProviderOwnsIsAMisuse) {
-  Endpoint& e = endpoints.emplace_back();
-  e.ctx = open_context();
+  Endpoint& e = bare_endpoint();
   ibv_comp_channel* channel = v.create_comp_channel(e.ctx);
   ASSERT_NE(channel, nullptr);
   ASSERT_EQ(::close(channel->fd), 0);  // the channel owns it: ibv_destroy_comp_channel closes it
