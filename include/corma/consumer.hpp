@@ -5,6 +5,7 @@
 
 #include <corma/error.hpp>
 #include <corma/owned_buffer.hpp>
+#include <corma/region_guard.hpp>
 #include <corma/registry.hpp>
 #include <corma/rendezvous.hpp>
 
@@ -30,14 +31,18 @@ struct ConsumerConfig {
   std::function<void(std::uint64_t done, std::uint64_t total)> on_progress;
 };
 
-/// A fetched object: the bytes (in the consumer's own buffer), how they came,
-/// and why when it was not RDMA.
-struct Fetched {
-  OwnedBuffer data;
+/// How a fetch went: the object's size, the path its bytes took, and why
+/// when it was not RDMA.
+struct FetchOutcome {
   std::uint64_t size = 0;
   Path path = Path::chunked;
   std::string reason;       ///< the owner's chunked reason, or the RDMA failure that caused the fallback
   bool fell_back = false;   ///< RDMA was granted but failed; the chunked path finished the job
+};
+
+/// A fetched object in a buffer of the consumer's own.
+struct Fetched : FetchOutcome {
+  OwnedBuffer data;
 };
 
 struct ConsumerStats {
@@ -65,6 +70,13 @@ class Consumer {
   /// the chunked path exactly once on any failure of that path; the lease is
   /// released in every outcome.
   boost::asio::awaitable<Result<Fetched>> async_fetch(std::string name);
+
+  /// Fetches `name` into `destination`: a region of the consumer's registry
+  /// (Access::local is enough) that the caller keeps registered across
+  /// fetches, so a warm fetch registers nothing here. The object lands at the
+  /// region's start; an object larger than the region is refused with
+  /// `out_of_range` (its lease released). Same paths and fallback as async_fetch.
+  boost::asio::awaitable<Result<FetchOutcome>> async_fetch_into(std::string name, RegionGuard& destination);
 
   /// Whether the owner accepted this consumer's RDMA offer.
   [[nodiscard]] bool rdma_ready() const noexcept;

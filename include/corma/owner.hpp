@@ -46,6 +46,12 @@ struct OwnerConfig {
   std::chrono::milliseconds io_timeout{10000};
   /// Leases one connection may hold at once.
   std::size_t max_leases_per_connection = 64;
+  /// Keeps published objects registered between leases, so a repeated fetch
+  /// costs no registration on this side. Cached exports nobody is reading
+  /// are deregistered when a new export needs their room in the budget, and
+  /// when the name is published again. Objects found by the resolver are
+  /// exported per lease, as before (a file may change under its name).
+  bool cache_exports = true;
 };
 
 struct OwnerStats {
@@ -58,6 +64,8 @@ struct OwnerStats {
   std::uint64_t leases_released = 0;
   std::uint64_t live_leases = 0;
   std::uint64_t connections = 0;
+  std::uint64_t exports_registered = 0;  ///< registrations made for leases, ever
+  std::uint64_t exports_evicted = 0;     ///< cached exports given up for room in the budget
 };
 
 /// Runs on one executor (give it a single-threaded io_context or a strand):

@@ -1,6 +1,7 @@
 #include "backend_kit/engine_core.hpp"
 
 #include <algorithm>
+#include <thread>
 #include <vector>
 
 namespace corma::backend_kit {
@@ -57,8 +58,15 @@ void EngineCore::run_until_quit() {
       continue;
     }
     if (!torn_down) {
-      if (settings.progress == ProgressMode::busy_poll) continue;
-      if (settings.progress == ProgressMode::adaptive && now - last_activity < settings.spin_time) continue;
+      // An idle spin hands the core to any other runnable thread (the
+      // callers this thread answers, on a machine with few cores) and comes
+      // straight back when there is none.
+      const bool spinning = settings.progress == ProgressMode::busy_poll ||
+                            (settings.progress == ProgressMode::adaptive && now - last_activity < settings.spin_time);
+      if (spinning) {
+        std::this_thread::yield();
+        continue;
+      }
     }
     if (!commands_.prepare_to_sleep()) continue;
     if (!torn_down && !arm_for_sleep()) {  // events arrived meanwhile

@@ -98,10 +98,11 @@ struct Consumer::State {
     }
   }
 
-  asio::awaitable<Result<void>> rdma_get(const RdmaGrant& grant, std::span<std::byte> into) {
+  /// Gets the granted object into `guard` (at its start), renewing the lease
+  /// while the transfer runs.
+  asio::awaitable<Result<void>> rdma_get_into(const RdmaGrant& grant, RegionGuard& guard) {
     CORMA_CO_TRY(auto descriptor, decode_descriptor(grant.descriptor));
     if (descriptor.len != grant.size) co_return fail(errc::protocol, "descriptor length differs from the object size");
-    CORMA_CO_TRY(auto guard, co_await registry->async_register(into, Access::local, asio::use_awaitable));
     const auto remote = to_remote_region(descriptor);
     bool done = false;
     asio::steady_timer renew_timer(executor);
@@ -112,20 +113,33 @@ struct Consumer::State {
       renew_timer.cancel();
       co_return got;
     };
-    auto got = co_await (get_then_stop() && renew_until(grant.lease, interval, done, renew_timer));
+    co_return co_await (get_then_stop() && renew_until(grant.lease, interval, done, renew_timer));
+  }
+
+  /// The same into memory registered for this one transfer.
+  asio::awaitable<Result<void>> rdma_get(const RdmaGrant& grant, std::span<std::byte> into) {
+    CORMA_CO_TRY(auto guard, co_await registry->async_register(into, Access::local, asio::use_awaitable));
+    auto got = co_await rdma_get_into(grant, guard);
     // The destination is ours again only once the registration is gone
     // (the get cannot be writing into it any more).
     co_await guard.async_deregister(asio::use_awaitable);
     co_return got;
   }
 
-  asio::awaitable<Result<Fetched>> fetch(std::string name) {
+  /// Where a fetch puts the bytes: given the object's size, the span to fill,
+  /// and the registered region it lies in (null: register it per transfer).
+  struct Destination {
+    std::function<Result<std::span<std::byte>>(std::uint64_t size)> span_for;
+    RegionGuard* registered = nullptr;
+  };
+
+  asio::awaitable<Result<FetchOutcome>> fetch(std::string name, const Destination& destination) {
     Acquire acquire{name, peer.has_value()};
     CORMA_CO_TRY(auto reply, co_await request(std::move(acquire)));
     if (std::holds_alternative<NotFound>(reply)) {
       co_return fail(errc::region_not_found, "owner has no object named '" + name + "'");
     }
-    Fetched fetched;
+    FetchOutcome fetched;
     std::uint64_t lease = 0;
     std::uint32_t chunk = fallback_chunk;
     if (auto* chunked = std::get_if<Chunked>(&reply)) {
@@ -139,11 +153,20 @@ struct Consumer::State {
     } else {
       co_return fail(errc::protocol, "owner answered an acquire with something else");
     }
-    fetched.data = OwnedBuffer::allocate(std::max<std::uint64_t>(fetched.size, 1));
-    const auto into = fetched.data.bytes().first(fetched.size);
+    auto into = destination.span_for(fetched.size);
+    if (!into) {
+      co_await release(lease);
+      co_return std::move(into).error();
+    }
 
     if (auto* grant = std::get_if<RdmaGrant>(&reply)) {
-      auto got = co_await rdma_get(*grant, into);
+      // (Not a conditional expression: g++ 12 mishandles co_await inside one.)
+      Result<void> got = success();
+      if (destination.registered != nullptr) {
+        got = co_await rdma_get_into(*grant, *destination.registered);
+      } else {
+        got = co_await rdma_get(*grant, into.value());
+      }
       if (got) {
         if (config.on_progress) config.on_progress(fetched.size, fetched.size);
         fetched.path = Path::rdma;
@@ -156,7 +179,7 @@ struct Consumer::State {
       fetched.reason = "rdma failed: " + got.error().message();
       ++stats.fallbacks;
     }
-    auto pulled = co_await pull_all(lease, fetched.size, chunk, into);
+    auto pulled = co_await pull_all(lease, fetched.size, chunk, into.value());
     co_await release(lease);
     if (!pulled) co_return std::move(pulled).error();
     fetched.path = Path::chunked;
@@ -215,15 +238,48 @@ Consumer::~Consumer() {
   }
 }
 
+namespace {
+
+/// Hands the connection's turn to the next fetch, however this one ends.
+struct GiveBack {
+  Consumer::State& s;
+  ~GiveBack();
+};
+
+}  // namespace
+
 asio::awaitable<Result<Fetched>> Consumer::async_fetch(std::string name) {
   auto state = state_;
   co_await state->turn.async_receive(as_result);
-  struct GiveBack {
-    State& s;
-    ~GiveBack() { s.turn.try_send(boost::system::error_code{}); }
-  } give_back{*state};
-  co_return co_await state->fetch(std::move(name));
+  GiveBack give_back{*state};
+  Fetched fetched;
+  State::Destination fresh_buffer{[&fetched](std::uint64_t size) -> Result<std::span<std::byte>> {
+                                    fetched.data = OwnedBuffer::allocate(std::max<std::uint64_t>(size, 1));
+                                    return fetched.data.bytes().first(size);
+                                  },
+                                  nullptr};
+  CORMA_CO_TRY(auto outcome, co_await state->fetch(std::move(name), fresh_buffer));
+  static_cast<FetchOutcome&>(fetched) = std::move(outcome);
+  co_return fetched;
 }
+
+asio::awaitable<Result<FetchOutcome>> Consumer::async_fetch_into(std::string name, RegionGuard& destination) {
+  auto state = state_;
+  co_await state->turn.async_receive(as_result);
+  GiveBack give_back{*state};
+  State::Destination registered{[&destination](std::uint64_t size) -> Result<std::span<std::byte>> {
+                                  if (!destination) return fail(errc::region_not_found, "destination is not registered");
+                                  if (size > destination.size()) {
+                                    return fail(errc::out_of_range, "object of " + std::to_string(size) +
+                                                                        " bytes does not fit the destination region");
+                                  }
+                                  return destination.bytes().first(size);
+                                },
+                                &destination};
+  co_return co_await state->fetch(std::move(name), registered);
+}
+
+GiveBack::~GiveBack() { s.turn.try_send(boost::system::error_code{}); }
 
 bool Consumer::rdma_ready() const noexcept { return state_->peer.has_value(); }
 ConsumerStats Consumer::stats() const { return state_->stats; }

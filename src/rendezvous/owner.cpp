@@ -10,6 +10,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
+#include <list>
 #include <map>
 #include <set>
 
@@ -21,10 +22,24 @@ using clock_type = std::chrono::steady_clock;
 
 namespace {
 
-/// One registration of an object, shared by every lease that reads it.
+/// One registration of an object, shared by every lease that reads it (and
+/// by the export cache, for published objects).
 struct Export {
+  Export(RegionGuard g, std::vector<std::byte> d, std::shared_ptr<const void> k)
+      : guard(std::move(g)), descriptor(std::move(d)), keepalive(std::move(k)) {}
+  Export(const Export&) = delete;
+  Export& operator=(const Export&) = delete;
+  ~Export() {
+    // The bytes must outlive their registration: they are let go once the
+    // deregistration that dropping the guard starts is confirmed.
+    if (keepalive && !guard.deregistered().is_set()) {
+      guard.deregistered().async_wait([keep = std::move(keepalive)](Result<void>) {});
+    }
+  }
+
   RegionGuard guard;
   std::vector<std::byte> descriptor;
+  std::shared_ptr<const void> keepalive;
 };
 
 struct Lease {
@@ -57,6 +72,9 @@ struct Owner::State : std::enable_shared_from_this<State> {
   ObjectResolver resolver;
   std::map<std::uint64_t, Lease> leases;
   std::map<std::string, std::weak_ptr<Export>, std::less<>> exports;
+  /// Published objects kept registered between leases (config.cache_exports),
+  /// least recently used first.
+  std::list<std::pair<std::string, std::shared_ptr<Export>>> cached_exports;
   std::set<std::shared_ptr<FramedConnection>> connections;
   std::uint64_t next_lease = 1;
   std::uint64_t next_session = 1;
@@ -89,18 +107,56 @@ struct Owner::State : std::enable_shared_from_this<State> {
 
   void refresh(Lease& lease) { lease.deadline = clock_type::now() + config.lease_timeout; }
 
+  std::shared_ptr<Export> cached_export(std::string_view name) {
+    for (auto it = cached_exports.begin(); it != cached_exports.end(); ++it) {
+      if (it->first != name) continue;
+      cached_exports.splice(cached_exports.end(), cached_exports, it);  // most recently used last
+      return it->second;
+    }
+    return nullptr;
+  }
+
+  void forget_cached_export(std::string_view name) {
+    cached_exports.remove_if([name](const auto& entry) { return entry.first == name; });
+  }
+
+  /// Deregisters cached exports that no lease is reading; true if any went.
+  /// Awaited, so their bytes are back in the budget when this returns.
+  asio::awaitable<bool> evict_idle_exports() {
+    std::vector<std::shared_ptr<Export>> idle;
+    for (auto it = cached_exports.begin(); it != cached_exports.end();) {
+      if (it->second.use_count() == 1) {
+        idle.push_back(std::move(it->second));
+        it = cached_exports.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (auto& exported : idle) {
+      (void)co_await exported->guard.async_deregister(asio::use_awaitable);
+      ++stats.exports_evicted;
+    }
+    co_return !idle.empty();
+  }
+
   asio::awaitable<Result<std::shared_ptr<Export>>> export_object(const std::string& name,
-                                                                  const PublishedObject& object) {
+                                                                  const PublishedObject& object, bool cacheable) {
+    if (auto cached = cached_export(name)) co_return cached;
     if (auto it = exports.find(name); it != exports.end()) {
       if (auto shared = it->second.lock()) co_return shared;
     }
     // Registered read-only: peers may get from it, never put into it.
     std::span<std::byte> memory(const_cast<std::byte*>(object.bytes.data()), object.bytes.size());
     auto guard = co_await registry->async_register(memory, Access::remote_read, asio::use_awaitable);
+    if (!guard && guard.error().is(errc::budget_exceeded) && co_await evict_idle_exports()) {
+      guard = co_await registry->async_register(memory, Access::remote_read, asio::use_awaitable);
+    }
     if (!guard) co_return std::move(guard).error();
     CORMA_CO_TRY(auto descriptor, describe(guard.value().remote()));
-    auto exported = std::make_shared<Export>(Export{std::move(guard).value(), encode(descriptor)});
+    auto exported = std::make_shared<Export>(std::move(guard).value(), encode(descriptor), object.keepalive);
+    ++stats.exports_registered;
     exports[name] = exported;
+    if (cacheable && config.cache_exports) cached_exports.emplace_back(name, exported);
     co_return exported;
   }
 
@@ -127,7 +183,8 @@ struct Owner::State : std::enable_shared_from_this<State> {
     } else if (size < config.rdma_threshold) {
       reason = ChunkedReason::below_threshold;
     } else {
-      auto exported = co_await export_object(request.name, lease.object);
+      const bool cacheable = published.find(request.name) != published.end();
+      auto exported = co_await export_object(request.name, lease.object, cacheable);
       if (exported) {
         lease.exported = std::move(exported).value();
       } else {
@@ -288,6 +345,9 @@ Owner::Owner(asio::any_io_executor executor, std::shared_ptr<Registry> registry,
 Owner::~Owner() { stop(); }
 
 void Owner::publish(std::string name, PublishedObject object) {
+  // New bytes under an old name: the old export must not be handed out again.
+  state_->forget_cached_export(name);
+  state_->exports.erase(name);
   state_->published[std::move(name)] = std::move(object);
 }
 
@@ -311,6 +371,7 @@ void Owner::stop() {
   state.reaper.cancel();
   for (const auto& connection : state.connections) connection->close();
   state.leases.clear();
+  state.cached_exports.clear();
 }
 
 OwnerStats Owner::stats() const {

@@ -320,3 +320,91 @@ TEST_F(Rendezvous, HostileClientsAreRefusedAndOthersKeepBeingServed) {
 }
 
 }  // namespace
+
+// ---- warm fetches: nothing registered again on either side ---------------
+
+TEST_F(Rendezvous, RepeatedFetchesIntoARegisteredRegionRegisterNothingAgain) {
+  start_owner();
+  std::vector<std::byte> landing(big.size() + 4096);
+  corma::testing::run(io, [&]() -> asio::awaitable<void> {
+    auto consumer = (co_await connect(consumer_registry)).value();
+    auto destination =
+        (co_await consumer_registry->async_register(landing, corma::Access::local, asio::use_awaitable)).value();
+    const auto consumer_registrations = consumer_registry->stats().registrations;
+    for (int i = 0; i < 3; ++i) {
+      std::fill(landing.begin(), landing.end(), std::byte{0});
+      auto fetched = co_await consumer->async_fetch_into("big", destination);
+      EXPECT_TRUE(fetched) << fetched.error().message();
+      EXPECT_EQ(fetched.value().path, Path::rdma);
+      EXPECT_EQ(fetched.value().size, big.size());
+      EXPECT_EQ(std::memcmp(landing.data(), big.data(), big.size()), 0);
+    }
+    EXPECT_EQ(consumer_registry->stats().registrations, consumer_registrations)
+        << "a warm fetch registers nothing on the consumer";
+    // Small objects still come in chunks, into the same region.
+    auto little = co_await consumer->async_fetch_into("small", destination);
+    EXPECT_EQ(little.value().path, Path::chunked);
+    EXPECT_EQ(std::memcmp(landing.data(), small.data(), small.size()), 0);
+  }());
+  const auto stats = owner->stats();
+  EXPECT_EQ(stats.exports_registered, 1u) << "the owner keeps a published object registered between leases";
+  EXPECT_EQ(stats.decisions.rdma, 3u);
+  EXPECT_EQ(stats.live_leases, 0u);
+}
+
+TEST_F(Rendezvous, ADestinationTooSmallIsRefusedAndTheLeaseReleased) {
+  start_owner();
+  std::vector<std::byte> landing(big.size() / 2);
+  corma::testing::run(io, [&]() -> asio::awaitable<void> {
+    auto consumer = (co_await connect(consumer_registry)).value();
+    auto destination =
+        (co_await consumer_registry->async_register(landing, corma::Access::local, asio::use_awaitable)).value();
+    auto fetched = co_await consumer->async_fetch_into("big", destination);
+    EXPECT_TRUE(!fetched && fetched.error().is(errc::out_of_range));
+    EXPECT_TRUE(std::all_of(landing.begin(), landing.end(), [](std::byte b) { return b == std::byte{0}; }));
+    // The connection is still good for the next fetch.
+    auto little = co_await consumer->async_fetch_into("small", destination);
+    EXPECT_TRUE(little) << little.error().message();
+  }());
+  EXPECT_EQ(owner->stats().live_leases, 0u);
+}
+
+TEST_F(Rendezvous, CachedExportsMakeRoomForANewOneAndRepublishingRefreshes) {
+  // Room for one of the two large objects at a time.
+  start_owner(big.size() + 8192);
+  auto other = pattern(big.size(), 9);
+  owner->publish("other", corma::PublishedObject{other, nullptr});
+  corma::testing::run(io, [&]() -> asio::awaitable<void> {
+    auto consumer = (co_await connect(consumer_registry)).value();
+    auto first = co_await consumer->async_fetch("big");
+    EXPECT_EQ(first.value().path, Path::rdma);
+    // "big" stays registered, idle: "other" needs its room and gets it.
+    auto second = co_await consumer->async_fetch("other");
+    EXPECT_EQ(second.value().path, Path::rdma) << second.value().reason;
+    EXPECT_EQ(std::memcmp(second.value().data.data(), other.data(), other.size()), 0);
+
+    // New bytes under an old name are fetched, not the old registration's.
+    auto replacement = pattern(big.size(), 77);
+    owner->publish("other", corma::PublishedObject{replacement, nullptr});
+    auto third = co_await consumer->async_fetch("other");
+    EXPECT_TRUE(third) << third.error().message();
+    EXPECT_EQ(std::memcmp(third.value().data.data(), replacement.data(), replacement.size()), 0);
+  }());
+  const auto stats = owner->stats();
+  EXPECT_EQ(stats.exports_evicted, 1u);
+  EXPECT_EQ(stats.exports_registered, 3u);
+}
+
+TEST_F(Rendezvous, WithoutTheExportCacheEveryLeaseRegistersAgain) {
+  corma::OwnerConfig config;
+  config.cache_exports = false;
+  start_owner(64 << 20, config);
+  corma::testing::run(io, [&]() -> asio::awaitable<void> {
+    auto consumer = (co_await connect(consumer_registry)).value();
+    for (int i = 0; i < 2; ++i) {
+      auto fetched = co_await consumer->async_fetch("big");
+      EXPECT_EQ(fetched.value().path, Path::rdma);
+    }
+  }());
+  EXPECT_EQ(owner->stats().exports_registered, 2u);
+}
