@@ -348,8 +348,11 @@ Measurement end_to_end(const Options& options, std::size_t size, bool rdma, bool
 
   std::unique_ptr<Consumer> consumer;
   std::promise<void> connected;
+  // Named, not a temporary inside the co_await below: g++ 12 destroys such
+  // temporaries twice.
+  const std::shared_ptr<Registry> offered_registry = rdma ? consumer_registry : nullptr;
   asio::co_spawn(io, [&]() -> asio::awaitable<void> {
-    auto c = co_await Consumer::connect(io.get_executor(), acceptor.local_endpoint(), rdma ? consumer_registry : nullptr);
+    auto c = co_await Consumer::connect(io.get_executor(), acceptor.local_endpoint(), offered_registry);
     consumer = must(std::move(c), "consumer");
     connected.set_value();
   }, asio::detached);

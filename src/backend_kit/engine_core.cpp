@@ -1,7 +1,6 @@
 #include "backend_kit/engine_core.hpp"
 
 #include <algorithm>
-#include <thread>
 #include <vector>
 
 namespace corma::backend_kit {
@@ -37,17 +36,17 @@ void EngineCore::loop() {
 
 void EngineCore::run_until_quit() {
   using clock = std::chrono::steady_clock;
-  // io_context::poll() costs an epoll_wait: while commands or completions
-  // keep coming it runs only every this many turns (timers, fd watches and
-  // cancellations are not latency-critical); on a quiet turn it always runs.
-  constexpr unsigned busy_turns_per_poll = 64;
+  // io_context::poll() costs an epoll_wait, so it runs only every this many
+  // turns: timers, fd watches and cancellations are not latency-critical,
+  // while a spinning thread's reaction to its provider is.
+  constexpr unsigned turns_per_poll = 16;
   unsigned turns_since_poll = 0;
   auto last_activity = clock::now();
   while (!quitting_) {
     const std::size_t commands = commands_.run_all();
     const std::size_t progressed = progress();
     std::size_t handlers = 0;
-    if ((commands == 0 && progressed == 0) || ++turns_since_poll >= busy_turns_per_poll) {
+    if (++turns_since_poll >= turns_per_poll) {
       handlers = io.poll();
       turns_since_poll = 0;
     }
@@ -58,15 +57,9 @@ void EngineCore::run_until_quit() {
       continue;
     }
     if (!torn_down) {
-      // An idle spin hands the core to any other runnable thread (the
-      // callers this thread answers, on a machine with few cores) and comes
-      // straight back when there is none.
       const bool spinning = settings.progress == ProgressMode::busy_poll ||
                             (settings.progress == ProgressMode::adaptive && now - last_activity < settings.spin_time);
-      if (spinning) {
-        std::this_thread::yield();
-        continue;
-      }
+      if (spinning) continue;
     }
     if (!commands_.prepare_to_sleep()) continue;
     if (!torn_down && !arm_for_sleep()) {  // events arrived meanwhile
