@@ -23,10 +23,8 @@ class RegistryTest : public ::testing::Test {
  protected:
   static constexpr std::uint64_t default_budget = 64 * 4096;
 
-  // Declared first, destroyed last: the backend's thread may still be
-  // finishing a hand-off to it just after a handler ran.
-  boost::asio::io_context io;
   std::shared_ptr<TestBackend> backend = TestBackend::create();
+  boost::asio::io_context io;
 
   Registry make_registry(std::uint64_t budget = default_budget) {
     return Registry(backend, RegistryConfig{budget, 0});

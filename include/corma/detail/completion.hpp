@@ -99,11 +99,8 @@ class Completion<void(Args...)> {
  private:
   template <bool AlwaysPost>
   void hand_off(RollbackUnlessDelivered rollback, Args... args) {
-    // The outstanding work travels with the handler and ends where it runs:
-    // once the handler is handed over, this thread never touches the
-    // handler's executor again (its io_context may be gone a moment later).
-    auto target = asio::prefer(work_, asio::execution::outstanding_work.untracked);
-    auto deliver = [work = std::move(work_), handler = std::move(handler_), rollback = std::move(rollback),
+    auto work = std::move(work_);
+    auto deliver = [handler = std::move(handler_), rollback = std::move(rollback),
                     args = std::make_tuple(std::move(args)...)]() mutable {
       rollback.disarm();
       std::apply(std::move(handler), std::move(args));
@@ -112,11 +109,11 @@ class Completion<void(Args...)> {
       // A type-erased completion executor cannot be asked for
       // blocking.never, so hop through the system executor: dispatching from
       // one of its threads never runs inline on the caller's thread.
-      asio::post(asio::system_executor(), [target = std::move(target), deliver = std::move(deliver)]() mutable {
-        asio::dispatch(target, std::move(deliver));
+      asio::post(asio::system_executor(), [work = std::move(work), deliver = std::move(deliver)]() mutable {
+        asio::dispatch(work, std::move(deliver));
       });
     } else {
-      asio::dispatch(target, std::move(deliver));
+      asio::dispatch(work, std::move(deliver));
     }
   }
 
