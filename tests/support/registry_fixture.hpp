@@ -23,8 +23,13 @@ class RegistryTest : public ::testing::Test {
  protected:
   static constexpr std::uint64_t default_budget = 64 * 4096;
 
-  std::shared_ptr<TestBackend> backend = TestBackend::create();
   boost::asio::io_context io;
+  std::shared_ptr<TestBackend> backend = TestBackend::create();
+
+  // Operations a test left in the backend (a map held for 30 s, say) may be
+  // answered into `io` by the backend's thread at any time; shutting the
+  // backend down answers them all, on that thread, before `io` goes.
+  void TearDown() override { (void)backend->async_shutdown(boost::asio::use_future).get(); }
 
   Registry make_registry(std::uint64_t budget = default_budget) {
     return Registry(backend, RegistryConfig{budget, 0});
