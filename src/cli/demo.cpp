@@ -74,8 +74,9 @@ int run_demo() {
                  (owner_backend ? consumer_backend.error() : owner_backend.error()).message().c_str());
     return 1;
   }
-  auto owner_registry = std::make_shared<Registry>(owner_backend.value(), RegistryConfig{owner_budget, 0});
-  auto consumer_registry = std::make_shared<Registry>(consumer_backend.value(), RegistryConfig{1ULL << 30, 0});
+  auto owner_registry = std::make_shared<Registry>(owner_backend.value().backend, RegistryConfig{owner_budget, 0});
+  auto consumer_registry =
+      std::make_shared<Registry>(consumer_backend.value().backend, RegistryConfig{1ULL << 30, 0});
 
   std::printf("corma demo: %zu objects from %s to %s, owner budget %s, %d consumers, UCX over tcp on loopback\n",
               objects.size(), format_size(sizes[0]).c_str(), format_size(sizes[std::size(sizes) - 1]).c_str(),

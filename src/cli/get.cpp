@@ -47,8 +47,8 @@ int run_get(const GetOptions& options) {
       return 1;
     }
     // A backend that may not expose memory makes no RDMA offer at all.
-    if (backend.value()->rma_enabled()) {
-      registry = std::make_shared<Registry>(backend.value(), RegistryConfig{budget.value(), 0});
+    if (backend.value().rma) {
+      registry = std::make_shared<Registry>(backend.value().backend, RegistryConfig{budget.value(), 0});
     }
   }
 

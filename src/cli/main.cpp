@@ -13,8 +13,8 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--root", serve.root, "directory whose files are served by relative path")->required();
   serve_cmd->add_option("--listen", serve.listen, "HOST:PORT to listen on")->capture_default_str();
   serve_cmd->add_option("--budget", serve.budget, "registration budget (e.g. 512M, 2G)")->capture_default_str();
-  serve_cmd->add_option("--transport", serve.transport.transport, "tcp or shm")
-      ->check(CLI::IsMember({"tcp", "shm"}))
+  serve_cmd->add_option("--transport", serve.transport.transport, "tcp, shm (UCX) or verbs (first RDMA device)")
+      ->check(CLI::IsMember(transport_names()))
       ->capture_default_str();
   serve_cmd->add_flag("--trusted-peers", serve.transport.trusted_peers,
                       "expose memory for RDMA over tcp. RISK: UCX emulates RDMA over tcp in software and checks "
@@ -27,8 +27,8 @@ int main(int argc, char** argv) {
   get_cmd->add_option("path", get.path, "relative path of the file on the server")->required();
   get_cmd->add_option("-o,--output", get.output, "file to write")->required();
   get_cmd->add_option("--budget", get.budget, "registration budget for the destination")->capture_default_str();
-  get_cmd->add_option("--transport", get.transport.transport, "tcp or shm")
-      ->check(CLI::IsMember({"tcp", "shm"}))
+  get_cmd->add_option("--transport", get.transport.transport, "tcp, shm (UCX) or verbs (first RDMA device)")
+      ->check(CLI::IsMember(transport_names()))
       ->capture_default_str();
   get_cmd->add_flag("--trusted-peers", get.transport.trusted_peers,
                     "allow RDMA over tcp (same RISK as for serve: the server could read this process's memory)");

@@ -35,7 +35,7 @@ int run_serve(const ServeOptions& options) {
     std::fprintf(stderr, "corma serve: %s\n", backend.error().message().c_str());
     return 1;
   }
-  auto registry = std::make_shared<Registry>(backend.value(), RegistryConfig{budget.value(), 0});
+  auto registry = std::make_shared<Registry>(backend.value().backend, RegistryConfig{budget.value(), 0});
 
   asio::io_context io(1);
   Owner owner(io.get_executor(), registry);
@@ -65,7 +65,7 @@ int run_serve(const ServeOptions& options) {
   const auto bound = acceptor.local_endpoint();
   std::printf("corma serve: listening on %s:%u, root %s, budget %s, %s\n", bound.address().to_string().c_str(),
               bound.port(), options.root.c_str(), format_size(budget.value()).c_str(),
-              describe(options.transport, *backend.value()).c_str());
+              backend.value().description.c_str());
   if (metrics) {
     std::printf("corma serve: metrics on http://%s:%u/metrics\n",
                 metrics->local_endpoint().address().to_string().c_str(), metrics->local_endpoint().port());

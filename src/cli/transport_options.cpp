@@ -1,29 +1,54 @@
 #include "transport_options.hpp"
 
-namespace corma::cli {
+#include <corma/ucx.hpp>
 
-Result<std::shared_ptr<ucx::Backend>> make_backend(const TransportOptions& options) {
+#ifdef CORMA_CLI_WITH_VERBS
+#include <corma/verbs.hpp>
+#endif
+
+namespace corma::cli {
+namespace {
+
+Result<CommandBackend> make_ucx(const TransportOptions& options) {
   ucx::Config config;
   if (options.transport == "tcp") {
     config.transport = ucx::Transport::tcp;
     config.error_handling = ucx::ErrorHandling::peer;
-  } else if (options.transport == "shm") {
+  } else {
     config.transport = ucx::Transport::shared_memory;
     config.error_handling = ucx::ErrorHandling::none;
     config.operation_timeout = std::chrono::seconds(5);
-  } else {
-    return fail(errc::not_configured, "unknown transport '" + options.transport + "' (tcp or shm)");
   }
   config.trusted_peers = options.trusted_peers;
-  return ucx::Backend::create(config);
+  CORMA_TRY(auto backend, ucx::Backend::create(config));
+  CommandBackend made{backend, backend->rma_enabled(), "transport " + options.transport};
+  if (made.rma) {
+    made.description += std::string(", RDMA on") +
+                        (options.trusted_peers && options.transport == "tcp"
+                             ? " (trusted peers: any peer can read this process)"
+                             : "");
+  } else {
+    made.description += ", RDMA off (untrusted tcp: chunked path only; see --trusted-peers)";
+  }
+  return made;
 }
 
-std::string describe(const TransportOptions& options, const ucx::Backend& backend) {
-  if (backend.rma_enabled()) {
-    return "transport " + options.transport + ", RDMA on" +
-           (options.trusted_peers && options.transport == "tcp" ? " (trusted peers: any peer can read this process)" : "");
-  }
-  return "transport " + options.transport + ", RDMA off (untrusted tcp: chunked path only; see --trusted-peers)";
+Result<CommandBackend> make_verbs() {
+#ifdef CORMA_CLI_WITH_VERBS
+  CORMA_TRY(auto backend, verbs::Backend::create(verbs::Config{}));
+  // The NIC checks every key, bounds and access flag: no trust setting needed.
+  return CommandBackend{backend, true, "transport verbs on " + backend->device_name() + ", RDMA on"};
+#else
+  return fail(errc::not_configured, "this corma was built without the verbs backend");
+#endif
+}
+
+}  // namespace
+
+Result<CommandBackend> make_backend(const TransportOptions& options) {
+  if (options.transport == "tcp" || options.transport == "shm") return make_ucx(options);
+  if (options.transport == "verbs") return make_verbs();
+  return fail(errc::not_configured, "unknown transport '" + options.transport + "' (tcp, shm or verbs)");
 }
 
 }  // namespace corma::cli

@@ -1,22 +1,32 @@
 // The backend choices the command line offers, and the backend they make.
 #pragma once
 
-#include <corma/ucx.hpp>
+#include <corma/backend.hpp>
+#include <corma/error.hpp>
 
+#include <memory>
 #include <string>
+#include <vector>
 
 namespace corma::cli {
 
 struct TransportOptions {
-  std::string transport = "tcp";  ///< "tcp" or "shm"
+  std::string transport = "tcp";  ///< "tcp", "shm" (UCX) or "verbs" (the first RDMA device)
   bool trusted_peers = false;
 };
 
-/// A UCX backend for the options: tcp with peer error handling, shared
-/// memory with error handling none.
-[[nodiscard]] Result<std::shared_ptr<ucx::Backend>> make_backend(const TransportOptions& options);
+/// The transports the command accepts, for its option checks.
+[[nodiscard]] inline std::vector<std::string> transport_names() { return {"tcp", "shm", "verbs"}; }
 
-/// One line saying whether RDMA is on and why not.
-[[nodiscard]] std::string describe(const TransportOptions& options, const ucx::Backend& backend);
+struct CommandBackend {
+  std::shared_ptr<RdmaBackend> backend;
+  bool rma = false;         ///< whether it exposes memory for RDMA
+  std::string description;  ///< one line: which transport, whether RDMA is on and why not
+};
+
+/// UCX over tcp (peer error handling) or shared memory (error handling none),
+/// or raw verbs on the first device; `not_configured`, saying why, when the
+/// transport cannot run here.
+[[nodiscard]] Result<CommandBackend> make_backend(const TransportOptions& options);
 
 }  // namespace corma::cli

@@ -4,6 +4,7 @@
 #include "file_resolver.hpp"
 #include "metrics_server.hpp"
 #include "sizes.hpp"
+#include "transport_options.hpp"
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
@@ -286,3 +287,28 @@ TEST_F(TwoProcesses, KillingTheServerMidTransferFailsTheGetQuickly) {
 }
 
 }  // namespace
+
+TEST(Transports, UnknownTransportIsNotConfigured) {
+  auto made = corma::cli::make_backend({"carrier-pigeon", false});
+  ASSERT_FALSE(made);
+  EXPECT_TRUE(made.error().is(corma::errc::not_configured)) << made.error().message();
+}
+
+TEST_F(TwoProcesses, VerbsServesOnADeviceOrRefusesSayingWhy) {
+  auto made = corma::cli::make_backend({"verbs", false});
+  if (made) {
+    EXPECT_TRUE(made.value().rma);
+    EXPECT_NE(made.value().description.find("transport verbs on"), std::string::npos) << made.value().description;
+    auto server = serve({"--transport", "verbs"});
+    EXPECT_NE(server.captured.find("transport verbs on"), std::string::npos) << server.captured;
+    return;
+  }
+  std::cout << "[          ] no verbs here: " << made.error().message() << '\n';
+  EXPECT_TRUE(made.error().is(corma::errc::not_configured)) << made.error().message();
+  auto server = Process::start({binary, "serve", "--root", root.string(), "--listen", "127.0.0.1:0", "--transport",
+                                "verbs"});
+  const auto status = server.wait_exit(std::chrono::seconds(10));
+  ASSERT_TRUE(status.has_value()) << "serve kept running without a device";
+  EXPECT_EQ(*status, 1);
+  EXPECT_NE(server.captured.find(made.error().detail), std::string::npos) << server.captured;
+}
