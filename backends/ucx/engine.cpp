@@ -193,9 +193,8 @@ Result<void> Backend::Engine::provider_unmap(void* handle) {
 
 // ---- transfers ----
 
-Result<ucp_rkey_h> Backend::Engine::remote_key(UcxTransferOp& op) {
+Result<ucp_rkey_h> Backend::Engine::remote_key(UcxTransferOp& op, Peer& peer) {
   const auto& req = op.request;
-  auto& peer = peers.at(req.peer);
   auto cached = peer.keys.find(req.packed_key);
   CachedKey key;
   if (cached != peer.keys.end()) {
@@ -236,7 +235,7 @@ void Backend::Engine::run_transfer(const std::shared_ptr<TransferOp>& base) {
   if (peer->second.broken) return answer(*op, fail(errc::peer_unreachable, "peer is broken"));
   if (peer->second.ep == nullptr) return answer(*op, fail(errc::peer_unreachable, "peer set-up is not complete"));
   if (!rma) return answer(*op, fail(errc::not_configured, "RMA over software-emulated tcp needs trusted_peers"));
-  auto rkey = remote_key(*op);
+  auto rkey = remote_key(*op, peer->second);
   if (!rkey) return answer(*op, std::move(rkey).error());
   op->rkey = rkey.value();
   op->finished = &finished;

@@ -75,7 +75,8 @@ struct Backend::Engine final : backend_kit::EngineCore {
   bool arm_for_sleep() override;
 
   // Helpers (progress thread).
-  Result<ucp_rkey_h> remote_key(UcxTransferOp& op);
+  /// The transfer's rkey (cached per peer), its remote range checked.
+  Result<ucp_rkey_h> remote_key(UcxTransferOp& op, Peer& peer);
   void finish_transfer(std::uint64_t id, ucs_status_t status);
   void forget_keys(Peer& peer);
   Result<ucp_ep_h> create_endpoint(const std::vector<std::byte>& blob);

@@ -255,6 +255,17 @@ bool same_bytes(const std::byte* a, const std::byte* b, std::size_t n) { return 
 
 std::vector<std::byte> copy_of(const std::byte* p, std::size_t n) { return {p, p + n}; }
 
+/// After a transfer of `len` bytes from `source` into `written` at `offset`:
+/// the slice holds the source's bytes, and every other byte of the
+/// `region_len`-byte region is as it was (`before`).
+void expect_only_slice_written(const std::byte* written, const std::vector<std::byte>& before, std::size_t offset,
+                               const std::byte* source, std::size_t len, std::size_t region_len) {
+  EXPECT_TRUE(same_bytes(written + offset, source, len)) << "the slice holds the wrong bytes";
+  EXPECT_TRUE(same_bytes(written, before.data(), offset)) << "bytes before the slice changed";
+  const std::size_t end = offset + len;
+  EXPECT_TRUE(same_bytes(written + end, before.data() + end, region_len - end)) << "bytes after the slice changed";
+}
+
 // ---- two connected backends ------------------------------------------------
 
 struct Pair {
@@ -384,11 +395,8 @@ TEST_P(BackendContract, TransfersAtNonZeroOffsetsTouchExactlyTheirSlice) {
                            c.len, remote.value().packed_key};
     auto got = get(initiator, std::move(get_request));
     ASSERT_TRUE(got) << describe(got);
-    EXPECT_TRUE(same_bytes(local_bytes + c.local_offset, remote_bytes + c.remote_offset, c.len));
-    EXPECT_TRUE(same_bytes(local_bytes, local_before.data(), c.local_offset)) << "bytes before the slice changed";
-    const std::size_t end = c.local_offset + c.len;
-    EXPECT_TRUE(same_bytes(local_bytes + end, local_before.data() + end, region_len - end))
-        << "bytes after the slice changed";
+    expect_only_slice_written(local_bytes, local_before, c.local_offset, remote_bytes + c.remote_offset, c.len,
+                              region_len);
 
     fill(local_bytes, region_len, seed++);
     const auto remote_before = copy_of(remote_bytes, region_len);
@@ -396,11 +404,8 @@ TEST_P(BackendContract, TransfersAtNonZeroOffsetsTouchExactlyTheirSlice) {
                            c.len, remote.value().packed_key};
     auto written = put(initiator, std::move(put_request));
     ASSERT_TRUE(written) << describe(written);
-    EXPECT_TRUE(same_bytes(remote_bytes + c.remote_offset, local_bytes + c.local_offset, c.len));
-    EXPECT_TRUE(same_bytes(remote_bytes, remote_before.data(), c.remote_offset)) << "bytes before the slice changed";
-    const std::size_t remote_end = c.remote_offset + c.len;
-    EXPECT_TRUE(same_bytes(remote_bytes + remote_end, remote_before.data() + remote_end, region_len - remote_end))
-        << "bytes after the slice changed";
+    expect_only_slice_written(remote_bytes, remote_before, c.remote_offset, local_bytes + c.local_offset, c.len,
+                              region_len);
   }
   EXPECT_TRUE(unmap(initiator, local.value().id));
   EXPECT_TRUE(unmap(target, remote.value().id));

@@ -1539,6 +1539,19 @@ std::size_t SoftVerbs::unacked_async_events() const {
   return count_unacked(&Fabric::contexts, &SoftContext::async_read, &SoftContext::async_acked);
 }
 
+std::string SoftVerbs::leftovers() const {
+  std::string out;
+  const std::pair<const char*, std::size_t> kinds[] = {
+      {"qps", live_qps()},           {"mrs", live_mrs()},      {"cqs", live_cqs()},
+      {"comp channels", live_comp_channels()}, {"pds", live_pds()}, {"contexts", open_contexts()},
+      {"device lists", live_device_lists()}};
+  for (const auto& [name, count] : kinds) {
+    if (count == 0) continue;
+    out += (out.empty() ? "" : ", ") + std::to_string(count) + " " + name;
+  }
+  return out;
+}
+
 std::optional<std::uint32_t> SoftVerbs::rkey_of(const void* addr) const {
   return locked([addr](Fabric& f) -> std::optional<std::uint32_t> {
     const auto target = reinterpret_cast<std::uintptr_t>(addr);

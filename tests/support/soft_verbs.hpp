@@ -151,6 +151,9 @@ class SoftVerbs {
   /// The rkey of a live MR whose host range covers `addr` (any one, if several
   /// do): for tests that play a peer forging a key it was never given.
   [[nodiscard]] std::optional<std::uint32_t> rkey_of(const void* addr) const;
+  /// The provider objects still alive ("2 qps, 1 mrs", ...); empty when
+  /// everything was destroyed.
+  [[nodiscard]] std::string leftovers() const;
 
   /// Evaluates `pred` (on the calling thread, without the provider's lock
   /// held) whenever the provider's state changes, at least every millisecond,
