@@ -17,8 +17,7 @@ Error ucs_error(errc code, const char* call, ucs_status_t status) {
 using backend_kit::answer;
 
 backend_kit::EngineSettings settings_of(const Config& c) {
-  return {"UCX", c.progress, c.spin_time, c.command_queue_capacity, c.operation_timeout, c.shutdown_timeout,
-          c.map_answer_delay};
+  return {"UCX", c.progress, c.spin_time, c.command_queue_capacity, c.operation_timeout, c.shutdown_timeout};
 }
 
 }  // namespace

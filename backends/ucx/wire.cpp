@@ -1,6 +1,7 @@
 #include "wire.hpp"
 
-#include "backend_kit/fnv1a.hpp"
+#include "wire/checksum.hpp"
+#include "wire/codec.hpp"
 
 #include <bit>
 #include <cstring>
@@ -8,29 +9,20 @@
 namespace corma::ucx::wire {
 namespace {
 
-constexpr std::uint32_t key_magic = 0x314b5543;      // "CUK1"
-constexpr std::uint32_t address_magic = 0x31415543;  // "CUA1"
+using corma::wire::Reader;
+using corma::wire::Writer;
+
+constexpr std::uint32_t key_magic = 0x314b5543;      // "CUK1" in memory order
+constexpr std::uint32_t address_magic = 0x31415543;  // "CUA1" in memory order
 constexpr std::size_t key_header = 32;               // magic, rkey length, addr, len, checksum
 constexpr std::size_t address_header = 8;            // magic, length
 constexpr std::size_t padding = 4096;
 constexpr std::size_t min_rkey = 9;                  // md_map + memory type
 
-template <class T>
-void put(std::vector<std::byte>& out, T value) {
-  const auto* p = reinterpret_cast<const std::byte*>(&value);
-  out.insert(out.end(), p, p + sizeof value);
-}
-
-template <class T>
-T get(const std::byte* p) {
-  T value;
-  std::memcpy(&value, p, sizeof value);
-  return value;
-}
-
-/// Over the record's range fields (as they lie in the key) and the rkey.
+/// Over the record's range fields (addr and len, little-endian, as they lie in
+/// the key) and then the rkey.
 std::uint64_t checksum(std::span<const std::byte> range_fields, std::span<const std::byte> rkey) {
-  return backend_kit::fnv1a(rkey, backend_kit::fnv1a(range_fields));
+  return corma::wire::fnv1a(rkey, corma::wire::fnv1a(range_fields));
 }
 
 std::vector<std::byte> padded_copy(std::span<const std::byte> bytes) {
@@ -42,28 +34,36 @@ std::vector<std::byte> padded_copy(std::span<const std::byte> bytes) {
 }  // namespace
 
 PackedKey encode_key(std::uint64_t addr, std::uint64_t len, std::span<const std::byte> rkey) {
-  PackedKey key;
-  key.reserve(key_header + rkey.size());
-  put(key, key_magic);
-  put(key, static_cast<std::uint32_t>(rkey.size()));
-  put(key, addr);
-  put(key, len);
-  put(key, checksum(std::span(key).subspan(8, 16), rkey));
-  key.insert(key.end(), rkey.begin(), rkey.end());
-  return key;
+  Writer range(16);
+  range.u64(addr);
+  range.u64(len);
+  const auto range_fields = std::move(range).take();
+
+  Writer out(key_header + rkey.size());
+  out.u32(key_magic);
+  out.u32(corma::wire::checked_length<std::uint32_t>(rkey.size(), "UCX rkey"));
+  out.bytes(range_fields);
+  out.u64(checksum(range_fields, rkey));
+  out.bytes(rkey);
+  return std::move(out).take();
 }
 
 Result<std::uint64_t> check_rkey_structure(std::span<const std::byte> rkey) {
-  if (rkey.size() < min_rkey) return fail(errc::invalid_key, "UCX rkey is too short");
-  const auto md_map = get<std::uint64_t>(rkey.data());
+  // UCX writes md_map in host order; UCX runs only on little-endian hosts.
+  Reader in(rkey);
+  auto md_map_read = in.u64("UCX rkey md_map");
+  auto memory_type = in.u8("UCX rkey memory type");
+  if (!md_map_read || !memory_type) return fail(errc::invalid_key, "UCX rkey is too short");
+  const auto md_map = md_map_read.value();
   if (md_map == 0) return fail(errc::invalid_key, "UCX rkey names no memory domain");
-  if (rkey[8] != std::byte{0}) return fail(errc::invalid_key, "UCX rkey is not for host memory");
-  std::size_t at = min_rkey;
+  if (memory_type.value() != 0) return fail(errc::invalid_key, "UCX rkey is not for host memory");
   for (int i = 0; i < std::popcount(md_map); ++i) {
-    if (at >= rkey.size()) return fail(errc::invalid_key, "UCX rkey is truncated");
-    at += 1 + static_cast<std::size_t>(rkey[at]);
+    auto size = in.u8("UCX rkey record size");
+    if (!size || !in.bytes(size.value(), "UCX rkey record")) {
+      return fail(errc::invalid_key, "UCX rkey is truncated");
+    }
   }
-  if (at != rkey.size()) return fail(errc::invalid_key, "UCX rkey length disagrees with its records");
+  if (in.remaining() != 0) return fail(errc::invalid_key, "UCX rkey length disagrees with its records");
   return md_map;
 }
 
@@ -71,16 +71,20 @@ Result<RemoteKey> decode_key(const PackedKey& key, std::uint64_t local_md_map) {
   if (key.empty()) return fail(errc::invalid_key, "empty packed key");
   if (key.size() > max_packed_key_size) return fail(errc::invalid_key, "oversized packed key");
   if (key.size() < key_header + min_rkey) return fail(errc::invalid_key, "truncated packed key");
-  if (get<std::uint32_t>(key.data()) != key_magic) return fail(errc::invalid_key, "not a UCX packed key");
-  const auto rkey_size = get<std::uint32_t>(key.data() + 4);
-  if (rkey_size != key.size() - key_header) {
+  // The size check above makes every header read succeed.
+  Reader in(key);
+  RemoteKey remote;
+  CORMA_TRY(auto magic, in.u32("magic"));
+  CORMA_TRY(auto rkey_size, in.u32("rkey length"));
+  CORMA_TRY(remote.addr, in.u64("addr"));
+  CORMA_TRY(remote.len, in.u64("len"));
+  CORMA_TRY(auto sum, in.u64("checksum"));
+  if (magic != key_magic) return fail(errc::invalid_key, "not a UCX packed key");
+  if (rkey_size != in.remaining()) {
     return fail(errc::invalid_key, "packed key length disagrees with its bytes");
   }
-  RemoteKey remote;
-  remote.addr = get<std::uint64_t>(key.data() + 8);
-  remote.len = get<std::uint64_t>(key.data() + 16);
-  const std::span<const std::byte> rkey(key.data() + key_header, rkey_size);
-  if (get<std::uint64_t>(key.data() + 24) != checksum(std::span(key).subspan(8, 16), rkey)) {
+  const auto rkey = std::span<const std::byte>(key).subspan(key_header);
+  if (sum != checksum(std::span<const std::byte>(key).subspan(8, 16), rkey)) {
     return fail(errc::invalid_key, "packed key checksum mismatch");
   }
   if (remote.len == 0 || remote.addr + remote.len < remote.addr) {
@@ -96,21 +100,21 @@ Result<RemoteKey> decode_key(const PackedKey& key, std::uint64_t local_md_map) {
 }
 
 std::vector<std::byte> encode_address(std::span<const std::byte> address) {
-  std::vector<std::byte> blob;
-  blob.reserve(address_header + address.size());
-  put(blob, address_magic);
-  put(blob, static_cast<std::uint32_t>(address.size()));
-  blob.insert(blob.end(), address.begin(), address.end());
-  return blob;
+  Writer out(address_header + address.size());
+  out.u32(address_magic);
+  out.u32(corma::wire::checked_length<std::uint32_t>(address.size(), "UCX worker address"));
+  out.bytes(address);
+  return std::move(out).take();
 }
 
 Result<std::vector<std::byte>> decode_address(const std::vector<std::byte>& blob) {
   if (blob.size() > max_peer_blob_size) return fail(errc::protocol, "oversized peer blob");
   if (blob.size() <= address_header) return fail(errc::protocol, "truncated peer blob");
-  if (get<std::uint32_t>(blob.data()) != address_magic) return fail(errc::protocol, "not a UCX peer blob");
-  if (get<std::uint32_t>(blob.data() + 4) != blob.size() - address_header) {
-    return fail(errc::protocol, "peer blob length disagrees with its bytes");
-  }
+  Reader in(blob);
+  CORMA_TRY(auto magic, in.u32("peer blob magic"));
+  if (magic != address_magic) return fail(errc::protocol, "not a UCX peer blob");
+  CORMA_TRY(auto length, in.u32("peer blob length"));
+  if (length != in.remaining()) return fail(errc::protocol, "peer blob length disagrees with its bytes");
   return padded_copy(std::span(blob).subspan(address_header));
 }
 

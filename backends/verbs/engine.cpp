@@ -16,8 +16,7 @@ namespace {
 using backend_kit::answer;
 
 backend_kit::EngineSettings settings_of(const Config& c) {
-  return {"verbs", c.progress, c.spin_time, c.command_queue_capacity, c.operation_timeout, c.shutdown_timeout,
-          c.map_answer_delay};
+  return {"verbs", c.progress, c.spin_time, c.command_queue_capacity, c.operation_timeout, c.shutdown_timeout};
 }
 
 Error call_failed(errc code, const char* call, int err) {

@@ -51,6 +51,9 @@ struct Backend::Engine final : backend_kit::EngineCore {
   };
 
   Engine(const Config& config, std::shared_ptr<const IbvApi> api);
+  /// Starts the progress thread over `api` and wraps the engine in a Backend.
+  [[nodiscard]] static Result<std::shared_ptr<Backend>> start_backend(const Config& config,
+                                                                      std::shared_ptr<const IbvApi> api);
 
   /// Opens the device and creates the PD, channel and CQ (progress thread).
   Result<void> start();

@@ -18,6 +18,63 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
+
+// The table's single list: the struct members, the loader's dlsym calls and
+// the required-entry check are all generated from it, so an entry point is
+// added in one place. Kept in one list (not one per kind) so member order and
+// the order first_missing_entry reports in stay as written. Three kinds:
+//   REQUIRED(name)         libibverbs exports ibv_<name>; type from its
+//                          prototype; the table is unusable without it.
+//   OPTIONAL(name, symbol) exported as `symbol` only by newer rdma-core; type
+//                          from its prototype; may stay null.
+//   WRAPPED(name, type)    not dlsym-able with this signature (verbs.h inlines
+//                          it, or exports an older layout); required, and the
+//                          loader installs a wrapper (wrap_<name>) instead.
+// Types come from the prototypes so a mismatch with verbs.h cannot creep in.
+// (`&::ibv_reg_mr` is not followed by `(`, so verbs.h's function-like macro
+// of that name does not expand there.)
+#define CORMA_IBV_FUNCTIONS(REQUIRED, OPTIONAL, WRAPPED)                                  \
+  REQUIRED(get_device_list)                                                               \
+  REQUIRED(free_device_list)                                                              \
+  REQUIRED(get_device_name)                                                               \
+  REQUIRED(open_device)                                                                   \
+  REQUIRED(close_device)                                                                  \
+  REQUIRED(query_device)                                                                  \
+  /* Fills the whole ibv_port_attr (zeroing what the provider does not set). */           \
+  WRAPPED(query_port, int (*)(ibv_context*, std::uint8_t, ibv_port_attr*))                \
+  REQUIRED(query_gid)                                                                     \
+  /* Null on old rdma-core: then no RoCE v2 auto-selection, and the configured */         \
+  /* (or first) GID index is used. */                                                     \
+  OPTIONAL(query_gid_ex, _ibv_query_gid_ex)                                               \
+                                                                                          \
+  REQUIRED(alloc_pd)                                                                      \
+  REQUIRED(dealloc_pd)                                                                    \
+  REQUIRED(reg_mr)                                                                        \
+  /* Null on old rdma-core: relaxed ordering is then not available. */                    \
+  OPTIONAL(reg_mr_iova2, ibv_reg_mr_iova2)                                                \
+  REQUIRED(dereg_mr)                                                                      \
+                                                                                          \
+  REQUIRED(create_comp_channel)                                                           \
+  REQUIRED(destroy_comp_channel)                                                          \
+  REQUIRED(create_cq)                                                                     \
+  REQUIRED(destroy_cq)                                                                    \
+  WRAPPED(req_notify_cq, decltype(&::ibv_req_notify_cq))                                  \
+  REQUIRED(get_cq_event)                                                                  \
+  REQUIRED(ack_cq_events)                                                                 \
+  WRAPPED(poll_cq, decltype(&::ibv_poll_cq))                                              \
+                                                                                          \
+  REQUIRED(create_qp)                                                                     \
+  REQUIRED(modify_qp)                                                                     \
+  REQUIRED(destroy_qp)                                                                    \
+  WRAPPED(post_send, decltype(&::ibv_post_send))                                          \
+                                                                                          \
+  /* Reads context->async_fd; the backend makes that fd non-blocking. */                  \
+  REQUIRED(get_async_event)                                                               \
+  REQUIRED(ack_async_event)                                                               \
+                                                                                          \
+  REQUIRED(wc_status_str)                                                                 \
+  REQUIRED(event_type_str)
 
 namespace corma::verbs {
 
@@ -25,49 +82,16 @@ struct IbvApi {
   /// Where the table came from, for messages: "libibverbs.so.1", "soft".
   std::string origin;
 
-  ibv_device** (*get_device_list)(int* num_devices) = nullptr;
-  void (*free_device_list)(ibv_device** list) = nullptr;
-  const char* (*get_device_name)(ibv_device* device) = nullptr;
-  ibv_context* (*open_device)(ibv_device* device) = nullptr;
-  int (*close_device)(ibv_context* context) = nullptr;
-  int (*query_device)(ibv_context* context, ibv_device_attr* attr) = nullptr;
-  /// Fills the whole ibv_port_attr (zeroing what the provider does not set).
-  int (*query_port)(ibv_context* context, std::uint8_t port, ibv_port_attr* attr) = nullptr;
-  int (*query_gid)(ibv_context* context, std::uint8_t port, int index, ibv_gid* gid) = nullptr;
-  /// libibverbs' _ibv_query_gid_ex; may be null (old rdma-core): then no
-  /// RoCE v2 auto-selection, and the configured (or first) GID index is used.
-  int (*query_gid_ex)(ibv_context* context, std::uint32_t port, std::uint32_t index, ibv_gid_entry* entry,
-                      std::uint32_t flags, std::size_t entry_size) = nullptr;
-
-  ibv_pd* (*alloc_pd)(ibv_context* context) = nullptr;
-  int (*dealloc_pd)(ibv_pd* pd) = nullptr;
-  ibv_mr* (*reg_mr)(ibv_pd* pd, void* addr, std::size_t length, int access) = nullptr;
-  /// May be null (old rdma-core): relaxed ordering is then not available.
-  ibv_mr* (*reg_mr_iova2)(ibv_pd* pd, void* addr, std::size_t length, std::uint64_t iova,
-                          unsigned int access) = nullptr;
-  int (*dereg_mr)(ibv_mr* mr) = nullptr;
-
-  ibv_comp_channel* (*create_comp_channel)(ibv_context* context) = nullptr;
-  int (*destroy_comp_channel)(ibv_comp_channel* channel) = nullptr;
-  ibv_cq* (*create_cq)(ibv_context* context, int cqe, void* cq_context, ibv_comp_channel* channel,
-                       int comp_vector) = nullptr;
-  int (*destroy_cq)(ibv_cq* cq) = nullptr;
-  int (*req_notify_cq)(ibv_cq* cq, int solicited_only) = nullptr;
-  int (*get_cq_event)(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) = nullptr;
-  void (*ack_cq_events)(ibv_cq* cq, unsigned int nevents) = nullptr;
-  int (*poll_cq)(ibv_cq* cq, int num_entries, ibv_wc* wc) = nullptr;
-
-  ibv_qp* (*create_qp)(ibv_pd* pd, ibv_qp_init_attr* attr) = nullptr;
-  int (*modify_qp)(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask) = nullptr;
-  int (*destroy_qp)(ibv_qp* qp) = nullptr;
-  int (*post_send)(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) = nullptr;
-
-  /// Reads context->async_fd; the backend makes that fd non-blocking.
-  int (*get_async_event)(ibv_context* context, ibv_async_event* event) = nullptr;
-  void (*ack_async_event)(ibv_async_event* event) = nullptr;
-
-  const char* (*wc_status_str)(ibv_wc_status status) = nullptr;
-  const char* (*event_type_str)(ibv_event_type event) = nullptr;
+  // A plain struct of pointers, so a software provider can fill it with its
+  // own functions. type_identity_t lets a spelled-out pointer type precede
+  // the member name.
+#define CORMA_IBV_MEMBER_REQUIRED(name) decltype(&::ibv_##name) name = nullptr;
+#define CORMA_IBV_MEMBER_OPTIONAL(name, symbol) decltype(&::symbol) name = nullptr;
+#define CORMA_IBV_MEMBER_WRAPPED(name, type) std::type_identity_t<type> name = nullptr;
+  CORMA_IBV_FUNCTIONS(CORMA_IBV_MEMBER_REQUIRED, CORMA_IBV_MEMBER_OPTIONAL, CORMA_IBV_MEMBER_WRAPPED)
+#undef CORMA_IBV_MEMBER_REQUIRED
+#undef CORMA_IBV_MEMBER_OPTIONAL
+#undef CORMA_IBV_MEMBER_WRAPPED
 };
 
 /// Loads libibverbs.so.1 and fills a table from it. `not_configured` when the

@@ -14,6 +14,12 @@ namespace {
 
 constexpr const char* library_name = "libibverbs.so.1";
 
+template <class Fn>
+bool bind(void* library, Fn& slot, const char* name) {
+  slot = reinterpret_cast<Fn>(::dlsym(library, name));
+  return slot != nullptr;
+}
+
 // libibverbs exports ibv_query_port with the old, shorter attribute layout;
 // the wrapper below zeroes the whole struct first, as verbs.h's inline does.
 using CompatQueryPort = int (*)(ibv_context*, std::uint8_t, ibv_port_attr*);
@@ -27,46 +33,26 @@ int post_send_wrapper(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) { retur
 int poll_cq_wrapper(ibv_cq* cq, int n, ibv_wc* wc) { return ibv_poll_cq(cq, n, wc); }
 int req_notify_wrapper(ibv_cq* cq, int solicited_only) { return ibv_req_notify_cq(cq, solicited_only); }
 
-template <class Fn>
-bool bind(void* library, Fn& slot, const char* name) {
-  slot = reinterpret_cast<Fn>(::dlsym(library, name));
-  return slot != nullptr;
+// One per WRAPPED entry of CORMA_IBV_FUNCTIONS, named wrap_<member>, so a new
+// wrapped entry without a wrapper does not compile. Each returns what goes in
+// the member: null when the library lacks what the wrapper forwards to.
+decltype(IbvApi::query_port) wrap_query_port(void* library) {
+  return bind(library, g_compat_query_port, "ibv_query_port") ? &query_port_wrapper : nullptr;
 }
+decltype(IbvApi::req_notify_cq) wrap_req_notify_cq(void* /*library*/) { return &req_notify_wrapper; }
+decltype(IbvApi::poll_cq) wrap_poll_cq(void* /*library*/) { return &poll_cq_wrapper; }
+decltype(IbvApi::post_send) wrap_post_send(void* /*library*/) { return &post_send_wrapper; }
 
 }  // namespace
 
 const char* first_missing_entry(const IbvApi& api) noexcept {
-#define CORMA_REQUIRE_ENTRY(name) \
+  // Optional entries may be null; the rest are required, wrapped ones too.
+#define CORMA_REQUIRE_ENTRY(name, ...) \
   if (api.name == nullptr) return #name;
-  CORMA_REQUIRE_ENTRY(get_device_list)
-  CORMA_REQUIRE_ENTRY(free_device_list)
-  CORMA_REQUIRE_ENTRY(get_device_name)
-  CORMA_REQUIRE_ENTRY(open_device)
-  CORMA_REQUIRE_ENTRY(close_device)
-  CORMA_REQUIRE_ENTRY(query_device)
-  CORMA_REQUIRE_ENTRY(query_port)
-  CORMA_REQUIRE_ENTRY(query_gid)
-  CORMA_REQUIRE_ENTRY(alloc_pd)
-  CORMA_REQUIRE_ENTRY(dealloc_pd)
-  CORMA_REQUIRE_ENTRY(reg_mr)
-  CORMA_REQUIRE_ENTRY(dereg_mr)
-  CORMA_REQUIRE_ENTRY(create_comp_channel)
-  CORMA_REQUIRE_ENTRY(destroy_comp_channel)
-  CORMA_REQUIRE_ENTRY(create_cq)
-  CORMA_REQUIRE_ENTRY(destroy_cq)
-  CORMA_REQUIRE_ENTRY(req_notify_cq)
-  CORMA_REQUIRE_ENTRY(get_cq_event)
-  CORMA_REQUIRE_ENTRY(ack_cq_events)
-  CORMA_REQUIRE_ENTRY(poll_cq)
-  CORMA_REQUIRE_ENTRY(create_qp)
-  CORMA_REQUIRE_ENTRY(modify_qp)
-  CORMA_REQUIRE_ENTRY(destroy_qp)
-  CORMA_REQUIRE_ENTRY(post_send)
-  CORMA_REQUIRE_ENTRY(get_async_event)
-  CORMA_REQUIRE_ENTRY(ack_async_event)
-  CORMA_REQUIRE_ENTRY(wc_status_str)
-  CORMA_REQUIRE_ENTRY(event_type_str)
+#define CORMA_SKIP_ENTRY(name, symbol)
+  CORMA_IBV_FUNCTIONS(CORMA_REQUIRE_ENTRY, CORMA_SKIP_ENTRY, CORMA_REQUIRE_ENTRY)
 #undef CORMA_REQUIRE_ENTRY
+#undef CORMA_SKIP_ENTRY
   return nullptr;
 }
 
@@ -81,36 +67,15 @@ Result<std::shared_ptr<const IbvApi>> load_libibverbs() {
   }
   auto api = std::make_shared<IbvApi>();
   api->origin = library_name;
-  bind(library, api->get_device_list, "ibv_get_device_list");
-  bind(library, api->free_device_list, "ibv_free_device_list");
-  bind(library, api->get_device_name, "ibv_get_device_name");
-  bind(library, api->open_device, "ibv_open_device");
-  bind(library, api->close_device, "ibv_close_device");
-  bind(library, api->query_device, "ibv_query_device");
-  bind(library, api->query_gid, "ibv_query_gid");
-  bind(library, api->query_gid_ex, "_ibv_query_gid_ex");  // optional
-  bind(library, api->alloc_pd, "ibv_alloc_pd");
-  bind(library, api->dealloc_pd, "ibv_dealloc_pd");
-  bind(library, api->reg_mr, "ibv_reg_mr");
-  bind(library, api->reg_mr_iova2, "ibv_reg_mr_iova2");  // optional
-  bind(library, api->dereg_mr, "ibv_dereg_mr");
-  bind(library, api->create_comp_channel, "ibv_create_comp_channel");
-  bind(library, api->destroy_comp_channel, "ibv_destroy_comp_channel");
-  bind(library, api->create_cq, "ibv_create_cq");
-  bind(library, api->destroy_cq, "ibv_destroy_cq");
-  bind(library, api->get_cq_event, "ibv_get_cq_event");
-  bind(library, api->ack_cq_events, "ibv_ack_cq_events");
-  bind(library, api->create_qp, "ibv_create_qp");
-  bind(library, api->modify_qp, "ibv_modify_qp");
-  bind(library, api->destroy_qp, "ibv_destroy_qp");
-  bind(library, api->get_async_event, "ibv_get_async_event");
-  bind(library, api->ack_async_event, "ibv_ack_async_event");
-  bind(library, api->wc_status_str, "ibv_wc_status_str");
-  bind(library, api->event_type_str, "ibv_event_type_str");
-  if (bind(library, g_compat_query_port, "ibv_query_port")) api->query_port = &query_port_wrapper;
-  api->post_send = &post_send_wrapper;
-  api->poll_cq = &poll_cq_wrapper;
-  api->req_notify_cq = &req_notify_wrapper;
+  // Misses are left null here and reported (required ones only) by
+  // first_missing_entry below.
+#define CORMA_BIND_REQUIRED(name) bind(library, api->name, "ibv_" #name);
+#define CORMA_BIND_OPTIONAL(name, symbol) bind(library, api->name, #symbol);
+#define CORMA_BIND_WRAPPED(name, type) api->name = wrap_##name(library);
+  CORMA_IBV_FUNCTIONS(CORMA_BIND_REQUIRED, CORMA_BIND_OPTIONAL, CORMA_BIND_WRAPPED)
+#undef CORMA_BIND_REQUIRED
+#undef CORMA_BIND_OPTIONAL
+#undef CORMA_BIND_WRAPPED
   if (const char* missing = first_missing_entry(*api)) {
     return fail(errc::not_configured, std::string(library_name) + " lacks " + missing);
   }

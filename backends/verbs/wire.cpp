@@ -1,13 +1,13 @@
 #include "wire.hpp"
 
-#include "backend_kit/fnv1a.hpp"
-#include "rendezvous/wire_io.hpp"
+#include "wire/checksum.hpp"
+#include "wire/codec.hpp"
 
 namespace corma::verbs::wire {
 namespace {
 
-using rendezvous::wire::Reader;
-using rendezvous::wire::Writer;
+using corma::wire::Reader;
+using corma::wire::Writer;
 
 constexpr std::uint32_t key_magic = 0x314b5643;       // "CVK1"
 constexpr std::uint32_t endpoint_magic = 0x31505643;  // "CVP1"
@@ -27,7 +27,7 @@ Result<RemoteKey> read_key(const PackedKey& key) {
   const auto covered = std::span(key).first(in.position());
   CORMA_TRY(auto sum, in.u64("checksum"));
   CORMA_TRY(in.expect_end("verbs packed key"));
-  if (sum != backend_kit::fnv1a(covered)) return fail(errc::invalid_key, "packed key checksum mismatch");
+  if (sum != corma::wire::fnv1a(covered)) return fail(errc::invalid_key, "packed key checksum mismatch");
   if (out.len == 0 || out.addr + out.len < out.addr) {
     return fail(errc::invalid_key, "packed key describes an impossible range");
   }
@@ -54,7 +54,7 @@ PackedKey encode_key(const RemoteKey& key) {
   auto bytes = std::move(out).take();
   // Catches corruption before the NIC does (which would break the connection).
   Writer sum;
-  sum.u64(backend_kit::fnv1a(bytes));
+  sum.u64(corma::wire::fnv1a(bytes));
   auto tail = std::move(sum).take();
   bytes.insert(bytes.end(), tail.begin(), tail.end());
   return bytes;

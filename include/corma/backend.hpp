@@ -23,6 +23,11 @@ enum class RegionId : std::uint64_t {};
 /// A connected (or half-connected) peer, as the backend names it.
 enum class PeerId : std::uint64_t {};
 
+/// Names a backend's records on the wire (descriptors, the rendezvous hello).
+/// Each backend owns its value (corma::ucx::backend_id, corma::verbs::
+/// backend_id); the core names no provider. 0 means "no backend".
+enum class BackendId : std::uint8_t { none = 0 };
+
 /// What peers may do with a registered region. Local access (the region as
 /// the destination of a get or the source of a put) is always granted.
 enum class Access : std::uint8_t {
@@ -90,8 +95,11 @@ class RdmaBackend {
   RdmaBackend& operator=(const RdmaBackend&) = delete;
   virtual ~RdmaBackend() = default;
 
-  /// Wire discriminator: "ucx", "verbs", "test".
+  /// A short name for humans and logs: "ucx", "verbs"...
   [[nodiscard]] virtual std::string_view key() const noexcept = 0;
+
+  /// What names this backend's descriptors and peer offers on the wire.
+  [[nodiscard]] virtual BackendId wire_id() const noexcept = 0;
 
   /// Registrations the provider still holds, counted on confirmed
   /// deregistration; nullopt when the backend cannot tell.

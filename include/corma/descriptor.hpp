@@ -13,20 +13,9 @@
 
 namespace corma {
 
-/// Wire identifiers of backends (the `key()` strings are for humans).
-enum class BackendKind : std::uint8_t {
-  ucx = 1,
-  verbs = 2,
-  test = 3,
-};
-
-/// The BackendKind for a backend's key(); nullopt for an unknown key.
-[[nodiscard]] std::optional<BackendKind> backend_kind(std::string_view key) noexcept;
-[[nodiscard]] std::string_view backend_key(BackendKind kind) noexcept;
-
 /// Layout (little-endian, no padding):
 ///   u8  version            (descriptor_version)
-///   u8  backend            (BackendKind)
+///   u8  backend            (the owner backend's BackendId; never 0)
 ///   u16 flags              (reserved: must be 0)
 ///   u64 generation
 ///   u64 remote address
@@ -37,7 +26,7 @@ struct Descriptor {
   static constexpr std::uint8_t descriptor_version = 1;
   static constexpr std::size_t header_size = 1 + 1 + 2 + 8 + 8 + 8 + 4;
 
-  BackendKind backend = BackendKind::ucx;
+  BackendId backend{};
   std::uint64_t generation = 0;
   std::uint64_t addr = 0;
   std::uint64_t len = 0;
@@ -48,13 +37,14 @@ struct Descriptor {
 
 [[nodiscard]] std::vector<std::byte> encode(const Descriptor& descriptor);
 
-/// Strict: unknown backend or version, non-zero flags, zero length, a key
+/// Strict: an unknown version, no backend, non-zero flags, zero length, a key
 /// length that disagrees with the bytes, an oversized key, or trailing bytes
-/// are refused (`protocol`, or `invalid_key` for the key itself).
+/// are refused (`protocol`, or `invalid_key` for the key itself). Which
+/// backend ids exist is the backends' business: a descriptor for another
+/// backend than the reader's is refused when it is used (`invalid_key`).
 [[nodiscard]] Result<Descriptor> decode_descriptor(std::span<const std::byte> bytes);
 
-/// The descriptor of a registered region; fails for a backend without a
-/// wire identifier.
+/// The descriptor of a registered region.
 [[nodiscard]] Result<Descriptor> describe(const RemoteRegion& region);
 /// What a consumer hands to RegionGuard::async_get.
 [[nodiscard]] RemoteRegion to_remote_region(const Descriptor& descriptor);

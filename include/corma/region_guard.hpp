@@ -24,7 +24,7 @@ class RegistryCore;
 /// Everything a peer needs to address a registered region: what the
 /// rendezvous descriptor carries on the wire.
 struct RemoteRegion {
-  std::string backend;          ///< the owner backend's key()
+  BackendId backend{};          ///< the owner backend's wire_id()
   std::uint64_t generation = 0; ///< the owner registry's registration number
   std::uint64_t addr = 0;       ///< the address that was registered
   std::uint64_t len = 0;        ///< the bytes that were registered

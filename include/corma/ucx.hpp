@@ -14,6 +14,9 @@
 
 namespace corma::ucx {
 
+/// This backend's descriptors and peer offers on the wire.
+inline constexpr BackendId backend_id{1};
+
 /// How the progress thread waits for work (see corma/progress.hpp).
 using ProgressMode = corma::ProgressMode;
 
@@ -60,9 +63,6 @@ struct Config {
   /// the same user (who could read this memory anyway), so it does not need
   /// this setting.
   bool trusted_peers = false;
-  /// Testing aid: delay between registering a region and answering the map,
-  /// which opens the "mapped but not answered" window deterministically.
-  std::chrono::nanoseconds map_answer_delay{0};
 };
 
 class Backend final : public detail::EngineBackend {
@@ -73,6 +73,7 @@ class Backend final : public detail::EngineBackend {
   [[nodiscard]] static Result<std::shared_ptr<Backend>> create(const Config& config);
 
   [[nodiscard]] std::string_view key() const noexcept override { return "ucx"; }
+  [[nodiscard]] BackendId wire_id() const noexcept override { return backend_id; }
 
   /// Whether this backend exposes memory for RMA (see Config::trusted_peers).
   [[nodiscard]] bool rma_enabled() const noexcept;

@@ -19,6 +19,9 @@
 
 namespace corma::verbs {
 
+/// This backend's descriptors and peer offers on the wire.
+inline constexpr BackendId backend_id{2};
+
 /// Path MTU of the queue pairs; `port` takes the port's active MTU.
 enum class Mtu : std::uint16_t { port = 0, mtu256 = 256, mtu512 = 512, mtu1024 = 1024, mtu2048 = 2048, mtu4096 = 4096 };
 
@@ -56,12 +59,7 @@ struct Config {
   std::chrono::milliseconds operation_timeout{30000};
   /// Shutdown waits this long for transfers in flight, then flushes.
   std::chrono::milliseconds shutdown_timeout{5000};
-  /// Testing aid: delay between registering a region and answering the map.
-  std::chrono::nanoseconds map_answer_delay{0};
 };
-
-/// The libibverbs entry points the backend calls (backends/verbs/ibv_api.hpp).
-struct IbvApi;
 
 /// A failed work completion answers `backend` (or `peer_unreachable` when the
 /// peer stopped responding: retries exhausted) with Error::cause in this
@@ -75,11 +73,9 @@ class Backend final : public detail::EngineBackend {
   /// says which of these is missing: the library, kernel support (ENOSYS),
   /// a device, an active port.
   [[nodiscard]] static Result<std::shared_ptr<Backend>> create(const Config& config);
-  /// The same over a given function table (a software provider in tests).
-  [[nodiscard]] static Result<std::shared_ptr<Backend>> create(const Config& config,
-                                                               std::shared_ptr<const IbvApi> api);
 
   [[nodiscard]] std::string_view key() const noexcept override { return "verbs"; }
+  [[nodiscard]] BackendId wire_id() const noexcept override { return backend_id; }
 
   /// The device that was opened.
   [[nodiscard]] const std::string& device_name() const noexcept;

@@ -15,10 +15,6 @@ std::optional<std::size_t> EngineBackend::live_registrations() const {
   return core_->live.load(std::memory_order_acquire);
 }
 std::size_t EngineBackend::transfers_in_flight() const { return core_->in_flight.load(std::memory_order_acquire); }
-std::size_t EngineBackend::maps_answered() const { return core_->maps_answered.load(std::memory_order_acquire); }
-void EngineBackend::set_map_answer_delay(std::chrono::nanoseconds delay) {
-  core_->map_answer_delay_ns.store(delay.count(), std::memory_order_release);
-}
 
 void EngineBackend::do_map(void* ptr, std::size_t len, Access access, Handler<BackendRegion> h) {
   initiate_map(*core_, ptr, len, access, std::move(h));
@@ -41,3 +37,9 @@ void EngineBackend::do_peer_close(PeerId peer, Handler<void> h) { initiate_peer_
 void EngineBackend::do_shutdown(Handler<void> h) { initiate_shutdown(*core_, std::move(h)); }
 
 }  // namespace corma::detail
+
+namespace corma::backend_kit {
+
+EngineCore& core_of(const detail::EngineBackend& backend) noexcept { return *backend.core_; }
+
+}  // namespace corma::backend_kit

@@ -5,9 +5,7 @@
 
 namespace corma::backend_kit {
 
-EngineCore::EngineCore(EngineSettings s)
-    : settings(std::move(s)),
-      map_answer_delay_ns(std::chrono::duration_cast<std::chrono::nanoseconds>(settings.map_answer_delay).count()) {}
+EngineCore::EngineCore(EngineSettings s) : settings(std::move(s)) {}
 
 Error EngineCore::shut_down_error() const {
   return Error{errc::shutting_down, settings.name + " backend is shutting down"};

@@ -191,10 +191,9 @@ struct Consumer::State {
     Hello hello;
     std::optional<PeerId> pending;
     if (registry && config.use_rdma) {
-      const auto kind = backend_kind(registry->backend()->key());
       auto offer = co_await registry->backend()->async_peer_offer(asio::use_awaitable);
-      if (kind && offer) {
-        hello.backend = kind;
+      if (offer) {
+        hello.backend = registry->backend()->wire_id();
         hello.peer_offer = std::move(offer.value().blob);
         pending = offer.value().peer;
       }

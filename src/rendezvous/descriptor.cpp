@@ -1,23 +1,14 @@
 #include <corma/descriptor.hpp>
 
-#include "wire_io.hpp"
+#include "wire/codec.hpp"
 
 #include <string>
 
 namespace corma {
 namespace {
 
-using rendezvous::wire::Reader;
-using rendezvous::wire::Writer;
-
-std::optional<BackendKind> kind_from_wire(std::uint8_t value) noexcept {
-  switch (value) {
-    case static_cast<std::uint8_t>(BackendKind::ucx): return BackendKind::ucx;
-    case static_cast<std::uint8_t>(BackendKind::verbs): return BackendKind::verbs;
-    case static_cast<std::uint8_t>(BackendKind::test): return BackendKind::test;
-    default: return std::nullopt;
-  }
-}
+using wire::Reader;
+using wire::Writer;
 
 Result<void> check_key_size(std::size_t size) {
   if (size == 0) return fail(errc::invalid_key, "empty packed key");
@@ -30,22 +21,6 @@ Result<void> check_key_size(std::size_t size) {
 
 }  // namespace
 
-std::optional<BackendKind> backend_kind(std::string_view key) noexcept {
-  if (key == "ucx") return BackendKind::ucx;
-  if (key == "verbs") return BackendKind::verbs;
-  if (key == "test") return BackendKind::test;
-  return std::nullopt;
-}
-
-std::string_view backend_key(BackendKind kind) noexcept {
-  switch (kind) {
-    case BackendKind::ucx: return "ucx";
-    case BackendKind::verbs: return "verbs";
-    case BackendKind::test: return "test";
-  }
-  return {};
-}
-
 std::vector<std::byte> encode(const Descriptor& descriptor) {
   Writer out(Descriptor::header_size + descriptor.packed_key.size());
   out.u8(Descriptor::descriptor_version);
@@ -54,7 +29,7 @@ std::vector<std::byte> encode(const Descriptor& descriptor) {
   out.u64(descriptor.generation);
   out.u64(descriptor.addr);
   out.u64(descriptor.len);
-  out.u32(rendezvous::wire::checked_length<std::uint32_t>(descriptor.packed_key.size(), "packed key"));
+  out.u32(wire::checked_length<std::uint32_t>(descriptor.packed_key.size(), "packed key"));
   out.bytes(descriptor.packed_key);
   return std::move(out).take();
 }
@@ -68,9 +43,8 @@ Result<Descriptor> decode_descriptor(std::span<const std::byte> bytes) {
     return fail(errc::protocol, "unknown descriptor version " + std::to_string(version));
   }
   CORMA_TRY(auto backend, in.u8("descriptor backend"));
-  auto kind = kind_from_wire(backend);
-  if (!kind) return fail(errc::protocol, "unknown descriptor backend " + std::to_string(backend));
-  d.backend = *kind;
+  if (backend == 0) return fail(errc::protocol, "descriptor names no backend");
+  d.backend = BackendId{backend};
   CORMA_TRY(auto flags, in.u16("descriptor flags"));
   if (flags != 0) return fail(errc::protocol, "reserved descriptor flags " + std::to_string(flags) + " set");
   CORMA_TRY(d.generation, in.u64("descriptor generation"));
@@ -90,18 +64,15 @@ Result<Descriptor> decode_descriptor(std::span<const std::byte> bytes) {
 }
 
 Result<Descriptor> describe(const RemoteRegion& region) {
-  auto kind = backend_kind(region.backend);
-  if (!kind) {
-    return fail(errc::not_configured, "backend '" + region.backend + "' has no wire identifier");
-  }
+  if (region.backend == BackendId::none) return fail(errc::not_configured, "region names no backend");
   // Refuse here what every consumer would refuse on the wire.
   if (region.len == 0) return fail(errc::out_of_range, "region of zero length");
   CORMA_TRY(check_key_size(region.packed_key.size()));
-  return Descriptor{*kind, region.generation, region.addr, region.len, region.packed_key};
+  return Descriptor{region.backend, region.generation, region.addr, region.len, region.packed_key};
 }
 
 RemoteRegion to_remote_region(const Descriptor& descriptor) {
-  return RemoteRegion{std::string(backend_key(descriptor.backend)), descriptor.generation,
+  return RemoteRegion{descriptor.backend, descriptor.generation,
                       descriptor.addr, descriptor.len, descriptor.packed_key};
 }
 

@@ -1,6 +1,6 @@
 #include "messages.hpp"
 
-#include "wire_io.hpp"
+#include "wire/codec.hpp"
 
 #include <string>
 #include <type_traits>
@@ -21,21 +21,13 @@ Overloaded(Fs...) -> Overloaded<Fs...>;
 
 // ---- shared field codecs ---------------------------------------------------
 
-/// u8 backend: 0 = none, else a BackendKind value.
-void put_backend(Writer& out, const std::optional<BackendKind>& backend) {
-  out.u8(backend ? static_cast<std::uint8_t>(*backend) : 0);
-}
+/// u8 backend: a BackendId, 0 for none. Which ids exist is the backends'
+/// business; an owner takes only an offer for its own backend.
+void put_backend(Writer& out, BackendId backend) { out.u8(static_cast<std::uint8_t>(backend)); }
 
-Result<std::optional<BackendKind>> get_backend(Reader& in, std::string_view field) {
+Result<BackendId> get_backend(Reader& in, std::string_view field) {
   CORMA_TRY(auto value, in.u8(field));
-  switch (value) {
-    case 0: return std::optional<BackendKind>{};
-    case static_cast<std::uint8_t>(BackendKind::ucx): return std::optional{BackendKind::ucx};
-    case static_cast<std::uint8_t>(BackendKind::verbs): return std::optional{BackendKind::verbs};
-    case static_cast<std::uint8_t>(BackendKind::test): return std::optional{BackendKind::test};
-    default: break;
-  }
-  return fail(errc::protocol, "unknown " + std::string(field) + " " + std::to_string(value));
+  return BackendId{value};
 }
 
 /// u32 length + bytes, the length at most `max`.
@@ -119,7 +111,7 @@ Result<Hello> get_hello(Reader& in) {
   CORMA_TRY(m.version, in.u16("hello version"));
   CORMA_TRY(m.backend, get_backend(in, "hello backend"));
   CORMA_TRY(m.peer_offer, get_blob(in, "hello peer offer", max_peer_blob_size));
-  if (!m.backend && !m.peer_offer.empty()) {
+  if (m.backend == BackendId::none && !m.peer_offer.empty()) {
     return fail(errc::protocol, "hello carries a peer offer of " + std::to_string(m.peer_offer.size()) +
                                 " bytes but names no backend");
   }
@@ -131,7 +123,7 @@ Result<HelloOk> get_hello_ok(Reader& in) {
   CORMA_TRY(m.version, in.u16("hello_ok version"));
   CORMA_TRY(m.backend, get_backend(in, "hello_ok backend"));
   CORMA_TRY(m.peer_answer, get_blob(in, "hello_ok peer answer", max_peer_blob_size));
-  if (!m.backend && !m.peer_answer.empty()) {
+  if (m.backend == BackendId::none && !m.peer_answer.empty()) {
     return fail(errc::protocol, "hello_ok carries a peer answer of " + std::to_string(m.peer_answer.size()) +
                                 " bytes but names no backend");
   }

@@ -60,13 +60,13 @@ enum class ChunkedReason : std::uint8_t {
 /// peer offer for one backend.
 struct Hello {
   std::uint16_t version = protocol_version;
-  std::optional<BackendKind> backend;  ///< none: the consumer only pulls chunks
+  BackendId backend{};                 ///< none: the consumer only pulls chunks
   std::vector<std::byte> peer_offer;   ///< empty when backend is none
 };
 /// Owner → consumer: the answer to the peer offer (empty when not taken).
 struct HelloOk {
   std::uint16_t version = protocol_version;
-  std::optional<BackendKind> backend;  ///< the backend both sides now share, if any
+  BackendId backend{};                 ///< the backend both sides now share, if any
   std::vector<std::byte> peer_answer;
   std::uint32_t max_frame_body = default_max_frame_body;
 };

@@ -66,7 +66,7 @@ struct Owner::State : std::enable_shared_from_this<State> {
   asio::any_io_executor executor;
   std::shared_ptr<Registry> registry;
   OwnerConfig config;
-  std::optional<BackendKind> kind;
+  BackendId kind{};
 
   std::map<std::string, PublishedObject, std::less<>> published;
   ObjectResolver resolver;
@@ -84,7 +84,7 @@ struct Owner::State : std::enable_shared_from_this<State> {
 
   State(asio::any_io_executor ex, std::shared_ptr<Registry> r, OwnerConfig c)
       : executor(ex), registry(std::move(r)), config(c), reaper(ex) {
-    if (registry) kind = backend_kind(registry->backend()->key());
+    if (registry) kind = registry->backend()->wire_id();
   }
 
   Result<PublishedObject> find(std::string_view name) {
@@ -264,7 +264,7 @@ struct Owner::State : std::enable_shared_from_this<State> {
       co_await connection.write(refusal, config.io_timeout);
       co_return std::nullopt;
     }
-    if (registry && hello.backend && hello.backend == kind && !hello.peer_offer.empty()) {
+    if (registry && hello.backend != BackendId::none && hello.backend == kind && !hello.peer_offer.empty()) {
       auto accepted = co_await registry->backend()->async_peer_accept(std::move(hello.peer_offer),
                                                                       asio::use_awaitable);
       if (accepted) {

@@ -1,4 +1,4 @@
-// The backend contract suite (design.md section 3), declared here so that
+// The backend contract suite (docs/architecture.md), declared here so that
 // each backend instantiates it from its own source:
 //
 //   #include "contract/backend_contract.hpp"

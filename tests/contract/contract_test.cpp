@@ -1,4 +1,4 @@
-// The backend contract (design.md section 3, docs/architecture.md), checked
+// The backend contract (docs/architecture.md, "The backend contract"), checked
 // through the RdmaBackend seam alone, for every backend that instantiates
 // BackendContract (see backend_contract.hpp). Nothing here may name a
 // concrete backend: this file is linked into every instantiation executable.

@@ -4,6 +4,8 @@
 
 #include "contract/contract_subject.hpp"
 
+#include "backend_kit/engine_core.hpp"
+
 #include <corma/detail/engine_backend.hpp>
 
 #include <memory>
@@ -19,11 +21,11 @@ inline ContractSubject make_engine_subject(std::shared_ptr<detail::EngineBackend
     return b ? b->transfers_in_flight() : 0;
   };
   subject.set_map_delay = [weak](std::chrono::nanoseconds delay) {
-    if (auto b = weak.lock()) b->set_map_answer_delay(delay);
+    if (auto b = weak.lock()) backend_kit::core_of(*b).map_answer_delay_ns.store(delay.count());
   };
   subject.maps_handed_off = [weak]() -> std::size_t {
     auto b = weak.lock();
-    return b ? b->maps_answered() : 0;
+    return b ? backend_kit::core_of(*b).maps_answered.load() : 0;
   };
   return subject;
 }

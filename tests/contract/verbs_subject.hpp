@@ -4,6 +4,8 @@
 
 #include "contract/engine_subject.hpp"
 
+#include "provider_table.hpp"
+
 #include <corma/verbs.hpp>
 
 #include <memory>
@@ -19,7 +21,7 @@ inline verbs::Config verbs_contract_config() {
 
 /// `api` null: libibverbs (the real device).
 inline ContractSubject make_verbs_subject(const verbs::Config& config, std::shared_ptr<const verbs::IbvApi> api) {
-  auto backend = api ? verbs::Backend::create(config, std::move(api)) : verbs::Backend::create(config);
+  auto backend = api ? verbs::create_over(config, std::move(api)) : verbs::Backend::create(config);
   return make_engine_subject(std::move(backend).value());
 }
 

@@ -1,4 +1,4 @@
-// The rendezvous descriptor: backend identifiers, the exact wire layout,
+// The rendezvous descriptor: the exact wire layout,
 // round trips, every refusal the decoder promises, truncations and
 // single-byte corruptions.
 #include <corma/descriptor.hpp>
@@ -13,7 +13,7 @@
 
 namespace {
 
-using corma::BackendKind;
+using corma::BackendId;
 using corma::Descriptor;
 using corma::errc;
 
@@ -28,7 +28,7 @@ std::vector<std::byte> key_of(std::size_t size, std::uint8_t seed = 1) {
 }
 
 Descriptor sample(std::size_t key_size = 24) {
-  return Descriptor{BackendKind::test, 0x0102030405060708ULL, 0x1122334455667788ULL, 4096,
+  return Descriptor{BackendId{3}, 0x0102030405060708ULL, 0x1122334455667788ULL, 4096,
                     key_of(key_size)};
 }
 
@@ -46,26 +46,8 @@ testing::AssertionResult refused_with(const std::vector<std::byte>& bytes, errc 
   return testing::AssertionSuccess() << decoded.error().message();
 }
 
-TEST(BackendKindTest, KeysMapBothWays) {
-  EXPECT_EQ(corma::backend_kind("ucx"), BackendKind::ucx);
-  EXPECT_EQ(corma::backend_kind("verbs"), BackendKind::verbs);
-  EXPECT_EQ(corma::backend_kind("test"), BackendKind::test);
-  for (auto kind : {BackendKind::ucx, BackendKind::verbs, BackendKind::test}) {
-    EXPECT_EQ(corma::backend_kind(corma::backend_key(kind)), kind);
-  }
-}
-
-TEST(BackendKindTest, UnknownKeysHaveNoKind) {
-  EXPECT_FALSE(corma::backend_kind("tcp"));
-  EXPECT_FALSE(corma::backend_kind(""));
-  EXPECT_FALSE(corma::backend_kind("UCX"));
-  EXPECT_FALSE(corma::backend_kind("ucx "));
-  EXPECT_TRUE(corma::backend_key(static_cast<BackendKind>(0)).empty());
-  EXPECT_TRUE(corma::backend_key(static_cast<BackendKind>(200)).empty());
-}
-
 TEST(DescriptorTest, LayoutIsLittleEndianFixedWidthUnpadded) {
-  const auto bytes = corma::encode(Descriptor{BackendKind::verbs, 0x0102030405060708ULL,
+  const auto bytes = corma::encode(Descriptor{BackendId{2}, 0x0102030405060708ULL,
                                               0x1112131415161718ULL, 0x2122232425262728ULL,
                                               {std::byte{0xaa}, std::byte{0xbb}}});
   const std::vector<std::uint8_t> expected = {
@@ -82,9 +64,9 @@ TEST(DescriptorTest, LayoutIsLittleEndianFixedWidthUnpadded) {
 }
 
 TEST(DescriptorTest, RoundTrips) {
-  for (auto kind : {BackendKind::ucx, BackendKind::verbs, BackendKind::test}) {
+  for (std::uint8_t id : {1, 2, 3}) {
     auto d = sample();
-    d.backend = kind;
+    d.backend = BackendId{id};
     auto decoded = corma::decode_descriptor(corma::encode(d));
     ASSERT_TRUE(decoded) << decoded.error().message();
     EXPECT_EQ(decoded.value(), d);
@@ -93,7 +75,7 @@ TEST(DescriptorTest, RoundTrips) {
 
 TEST(DescriptorTest, RoundTripsExtremeValues) {
   const auto max = std::numeric_limits<std::uint64_t>::max();
-  Descriptor d{BackendKind::ucx, max, max, max, key_of(1)};
+  Descriptor d{BackendId{1}, max, max, max, key_of(1)};
   auto decoded = corma::decode_descriptor(corma::encode(d));
   ASSERT_TRUE(decoded) << decoded.error().message();
   EXPECT_EQ(decoded.value(), d);
@@ -118,11 +100,20 @@ TEST(DescriptorTest, RefusesUnknownVersion) {
   }
 }
 
-TEST(DescriptorTest, RefusesUnknownBackend) {
-  for (std::uint8_t backend : {0, 4, 255}) {
+TEST(DescriptorTest, RefusesNoBackend) {
+  auto bytes = corma::encode(sample());
+  put_le(bytes, 1, 0, 1);
+  EXPECT_TRUE(refused_with(bytes, errc::protocol));
+}
+
+TEST(DescriptorTest, CarriesAnyBackendIdUnchanged) {
+  // Which ids exist is the backends' business: the core carries any but 0.
+  for (std::uint8_t backend : {1, 4, 255}) {
     auto bytes = corma::encode(sample());
     put_le(bytes, 1, backend, 1);
-    EXPECT_TRUE(refused_with(bytes, errc::protocol)) << "backend " << int{backend};
+    auto decoded = corma::decode_descriptor(bytes);
+    ASSERT_TRUE(decoded) << decoded.error().message();
+    EXPECT_EQ(decoded.value().backend, BackendId{backend});
   }
 }
 
@@ -197,17 +188,17 @@ TEST(DescriptorTest, EverySingleByteChangeOfTheHeaderIsRefusedOrConsistent) {
       if (check.accepted) ++accepted;
     }
   }
-  // Accepted: version 1 only, backends 1..3, flags and key length only as
+  // Accepted: version 1 only, backends 1..255, flags and key length only as
   // they were, any generation and address, any length but zero (0x1000:
   // clearing its byte 1 makes it zero).
-  EXPECT_EQ(accepted, 1U + 3U + 2U + 16U * 256U + (8U * 256U - 1U) + 4U);
+  EXPECT_EQ(accepted, 1U + 255U + 2U + 16U * 256U + (8U * 256U - 1U) + 4U);
 }
 
 TEST(DescriptorTest, DescribeMapsARemoteRegion) {
-  const corma::RemoteRegion region{"ucx", 9, 0x7000, 123, key_of(40)};
+  const corma::RemoteRegion region{BackendId{1}, 9, 0x7000, 123, key_of(40)};
   auto described = corma::describe(region);
   ASSERT_TRUE(described) << described.error().message();
-  EXPECT_EQ(described.value().backend, BackendKind::ucx);
+  EXPECT_EQ(described.value().backend, BackendId{1});
   EXPECT_EQ(described.value().generation, 9U);
   EXPECT_EQ(described.value().addr, 0x7000U);
   EXPECT_EQ(described.value().len, 123U);
@@ -223,31 +214,31 @@ TEST(DescriptorTest, DescribeMapsARemoteRegion) {
   EXPECT_EQ(back.packed_key, region.packed_key);
 }
 
-TEST(DescriptorTest, DescribeRefusesABackendWithoutWireIdentifier) {
-  auto described = corma::describe(corma::RemoteRegion{"tcp", 1, 0x1000, 64, key_of(8)});
+TEST(DescriptorTest, DescribeRefusesARegionWithoutBackend) {
+  auto described = corma::describe(corma::RemoteRegion{BackendId::none, 1, 0x1000, 64, key_of(8)});
   ASSERT_FALSE(described);
   EXPECT_TRUE(described.error().is(errc::not_configured)) << described.error().message();
 }
 
 TEST(DescriptorTest, DescribeRefusesWhatConsumersWouldRefuse) {
-  auto empty_key = corma::describe(corma::RemoteRegion{"test", 1, 0x1000, 64, {}});
+  auto empty_key = corma::describe(corma::RemoteRegion{BackendId{3}, 1, 0x1000, 64, {}});
   ASSERT_FALSE(empty_key);
   EXPECT_TRUE(empty_key.error().is(errc::invalid_key)) << empty_key.error().message();
 
-  auto big_key = corma::describe(corma::RemoteRegion{"test", 1, 0x1000, 64, key_of(corma::max_packed_key_size + 1)});
+  auto big_key = corma::describe(corma::RemoteRegion{BackendId{3}, 1, 0x1000, 64, key_of(corma::max_packed_key_size + 1)});
   ASSERT_FALSE(big_key);
   EXPECT_TRUE(big_key.error().is(errc::invalid_key)) << big_key.error().message();
 
-  auto empty_region = corma::describe(corma::RemoteRegion{"test", 1, 0x1000, 0, key_of(8)});
+  auto empty_region = corma::describe(corma::RemoteRegion{BackendId{3}, 1, 0x1000, 0, key_of(8)});
   ASSERT_FALSE(empty_region);
   EXPECT_TRUE(empty_region.error().is(errc::out_of_range)) << empty_region.error().message();
 }
 
-TEST(DescriptorTest, ToRemoteRegionNamesTheBackendByKey) {
-  for (auto kind : {BackendKind::ucx, BackendKind::verbs, BackendKind::test}) {
+TEST(DescriptorTest, ToRemoteRegionKeepsTheBackendId) {
+  for (std::uint8_t id : {1, 2, 3, 200}) {
     auto d = sample();
-    d.backend = kind;
-    EXPECT_EQ(corma::to_remote_region(d).backend, corma::backend_key(kind));
+    d.backend = BackendId{id};
+    EXPECT_EQ(corma::to_remote_region(d).backend, BackendId{id});
   }
 }
 

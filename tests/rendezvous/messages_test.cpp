@@ -15,7 +15,7 @@
 
 namespace {
 
-using corma::BackendKind;
+using corma::BackendId;
 using corma::errc;
 namespace rv = corma::rendezvous;
 using rv::Frame;
@@ -32,16 +32,16 @@ std::vector<std::byte> blob(std::size_t size, std::uint8_t seed = 3) {
 }
 
 std::vector<std::byte> descriptor_bytes(std::size_t key_size = 16) {
-  return corma::encode(corma::Descriptor{BackendKind::ucx, 5, 0x10000, 1 << 20, blob(key_size)});
+  return corma::encode(corma::Descriptor{BackendId{1}, 5, 0x10000, 1 << 20, blob(key_size)});
 }
 
 /// One frame of every type, some with their variants.
 std::vector<Frame> samples() {
   return {
       {1, rv::Hello{}},
-      {2, rv::Hello{rv::protocol_version, BackendKind::ucx, blob(37)}},
+      {2, rv::Hello{rv::protocol_version, BackendId{1}, blob(37)}},
       {3, rv::HelloOk{}},
-      {4, rv::HelloOk{rv::protocol_version, BackendKind::verbs, blob(12), 4096}},
+      {4, rv::HelloOk{rv::protocol_version, BackendId{2}, blob(12), 4096}},
       {5, rv::Acquire{"a/b/object.bin", true}},
       {6, rv::Acquire{"x", false}},
       {7, rv::RdmaGrant{11, 1 << 20, 30000, descriptor_bytes()}},
@@ -125,8 +125,8 @@ TEST(FrameLayout, PullIsLittleEndianFixedWidthUnpadded) {
 
 TEST(FrameLayout, PayloadSizes) {
   auto payload = [](const Message& m) { return rv::encode_frame({0, m}).size() - rv::frame_header_size; };
-  EXPECT_EQ(payload(rv::Hello{rv::protocol_version, BackendKind::test, blob(5)}), 2U + 1U + 4U + 5U);
-  EXPECT_EQ(payload(rv::HelloOk{rv::protocol_version, BackendKind::test, blob(5), 1}), 2U + 1U + 4U + 5U + 4U);
+  EXPECT_EQ(payload(rv::Hello{rv::protocol_version, BackendId{3}, blob(5)}), 2U + 1U + 4U + 5U);
+  EXPECT_EQ(payload(rv::HelloOk{rv::protocol_version, BackendId{3}, blob(5), 1}), 2U + 1U + 4U + 5U + 4U);
   EXPECT_EQ(payload(rv::Acquire{"abc", true}), 2U + 3U + 1U);
   EXPECT_EQ(payload(rv::RdmaGrant{1, 2, 3, blob(9)}), 8U + 8U + 4U + 4U + 9U);
   EXPECT_EQ(payload(rv::Chunked{}), 8U + 8U + 4U + 4U + 1U);
@@ -183,8 +183,8 @@ TEST(FrameRoundTrip, EveryMessageType) {
 }
 
 TEST(FrameRoundTrip, LargestFields) {
-  EXPECT_TRUE(round_trips({1, rv::Hello{rv::protocol_version, BackendKind::test, blob(corma::max_peer_blob_size)}}));
-  EXPECT_TRUE(round_trips({2, rv::HelloOk{rv::protocol_version, BackendKind::ucx, blob(corma::max_peer_blob_size),
+  EXPECT_TRUE(round_trips({1, rv::Hello{rv::protocol_version, BackendId{3}, blob(corma::max_peer_blob_size)}}));
+  EXPECT_TRUE(round_trips({2, rv::HelloOk{rv::protocol_version, BackendId{1}, blob(corma::max_peer_blob_size),
                                           std::numeric_limits<std::uint32_t>::max()}}));
   EXPECT_TRUE(round_trips({3, rv::Acquire{std::string(rv::max_name_length, 'n'), true}}));
   EXPECT_TRUE(round_trips({4, rv::RdmaGrant{std::numeric_limits<std::uint64_t>::max(),
@@ -301,49 +301,55 @@ TEST(FrameRefusal, TrailingBytesAfterEveryType) {
 
 // ---- hello / hello_ok ----------------------------------------------------------------
 
-TEST(FrameRefusal, HelloUnknownBackend) {
-  auto body = body_of({1, rv::Hello{rv::protocol_version, BackendKind::ucx, blob(4)}});
+TEST(FrameDecoding, HelloCarriesAnyBackendId) {
+  // Which ids exist is the backends' business; an owner takes only an offer
+  // for its own backend (the rendezvous tests check the mismatch).
+  auto body = body_of({1, rv::Hello{rv::protocol_version, BackendId{1}, blob(4)}});
   put_le(body, payload_at + 2, 4, 1);
-  EXPECT_TRUE(refused(body));
+  auto frame = rv::decode_frame_body(body);
+  ASSERT_TRUE(frame) << frame.error().message();
+  EXPECT_EQ(std::get<rv::Hello>(frame.value().message).backend, BackendId{4});
 }
 
 TEST(FrameRefusal, HelloOfferOverTheMaximum) {
   // The whole offer is there: its size alone is refused.
-  auto body = body_of({1, rv::Hello{rv::protocol_version, BackendKind::ucx, blob(corma::max_peer_blob_size + 1)}});
+  auto body = body_of({1, rv::Hello{rv::protocol_version, BackendId{1}, blob(corma::max_peer_blob_size + 1)}});
   EXPECT_TRUE(refused(body));
 }
 
 TEST(FrameRefusal, HelloOfferWithoutBackend) {
-  auto body = body_of({1, rv::Hello{rv::protocol_version, BackendKind::ucx, blob(4)}});
+  auto body = body_of({1, rv::Hello{rv::protocol_version, BackendId{1}, blob(4)}});
   put_le(body, payload_at + 2, 0, 1);
   EXPECT_TRUE(refused(body));
 }
 
 TEST(FrameRefusal, HelloOfferRunningPastTheEnd) {
-  auto body = body_of({1, rv::Hello{rv::protocol_version, BackendKind::ucx, blob(4)}});
+  auto body = body_of({1, rv::Hello{rv::protocol_version, BackendId{1}, blob(4)}});
   put_le(body, payload_at + 3, 5, 4);
   EXPECT_TRUE(refused(body));
 }
 
-TEST(FrameRefusal, HelloOkUnknownBackend) {
-  auto body = body_of({1, rv::HelloOk{rv::protocol_version, BackendKind::ucx, blob(4), 100}});
+TEST(FrameDecoding, HelloOkCarriesAnyBackendId) {
+  auto body = body_of({1, rv::HelloOk{rv::protocol_version, BackendId{1}, blob(4), 100}});
   put_le(body, payload_at + 2, 9, 1);
-  EXPECT_TRUE(refused(body));
+  auto frame = rv::decode_frame_body(body);
+  ASSERT_TRUE(frame) << frame.error().message();
+  EXPECT_EQ(std::get<rv::HelloOk>(frame.value().message).backend, BackendId{9});
 }
 
 TEST(FrameRefusal, HelloOkAnswerOverTheMaximum) {
-  auto body = body_of({1, rv::HelloOk{rv::protocol_version, BackendKind::ucx, blob(corma::max_peer_blob_size + 1), 100}});
+  auto body = body_of({1, rv::HelloOk{rv::protocol_version, BackendId{1}, blob(corma::max_peer_blob_size + 1), 100}});
   EXPECT_TRUE(refused(body));
 }
 
 TEST(FrameRefusal, HelloOkAnswerWithoutBackend) {
-  auto body = body_of({1, rv::HelloOk{rv::protocol_version, BackendKind::ucx, blob(4), 100}});
+  auto body = body_of({1, rv::HelloOk{rv::protocol_version, BackendId{1}, blob(4), 100}});
   put_le(body, payload_at + 2, 0, 1);
   EXPECT_TRUE(refused(body));
 }
 
 TEST(FrameRefusal, HelloOkMissingMaxFrameBody) {
-  auto body = body_of({1, rv::HelloOk{rv::protocol_version, std::nullopt, {}, 100}});
+  auto body = body_of({1, rv::HelloOk{rv::protocol_version, BackendId::none, {}, 100}});
   body.resize(body.size() - 4);
   EXPECT_TRUE(refused(body));
 }
@@ -445,7 +451,7 @@ TEST(FrameRefusal, ErrorDetailRunningPastTheEnd) {
 
 TEST(FrameHostile, EveryTruncationIsRefused) {
   auto frames = samples();
-  frames.push_back({99, rv::Hello{rv::protocol_version, BackendKind::test, blob(300)}});
+  frames.push_back({99, rv::Hello{rv::protocol_version, BackendId{3}, blob(300)}});
   frames.push_back({99, rv::RdmaGrant{1, 2, 3, descriptor_bytes(corma::max_packed_key_size)}});
   for (const auto& frame : frames) {
     const auto bytes = rv::encode_frame(frame);

@@ -226,7 +226,7 @@ asio::awaitable<int> lying_owner(asio::ip::tcp::acceptor& acceptor, std::shared_
     auto& message = frame.value().message;
     if (auto* hello = std::get_if<rv::Hello>(&message)) {
       auto answer = co_await backend->async_peer_accept(hello->peer_offer, asio::use_awaitable);
-      reply = rv::HelloOk{rv::protocol_version, corma::BackendKind::test, answer.value().blob,
+      reply = rv::HelloOk{rv::protocol_version, corma::testing::test_backend_id, answer.value().blob,
                           rv::default_max_frame_body};
     } else if (std::holds_alternative<rv::Acquire>(message)) {
       ++acquires;
@@ -241,8 +241,8 @@ asio::awaitable<int> lying_owner(asio::ip::tcp::acceptor& acceptor, std::shared_
 }
 
 TEST_F(Rendezvous, MalformedDescriptorsFallBackExactlyOnce) {
-  auto valid = corma::encode(corma::Descriptor{corma::BackendKind::test, 1, 0x1000, big.size(), corma::PackedKey(40)});
-  auto wrong_length = corma::encode(corma::Descriptor{corma::BackendKind::test, 1, 0x1000, 5, corma::PackedKey(40)});
+  auto valid = corma::encode(corma::Descriptor{corma::testing::test_backend_id, 1, 0x1000, big.size(), corma::PackedKey(40)});
+  auto wrong_length = corma::encode(corma::Descriptor{corma::testing::test_backend_id, 1, 0x1000, 5, corma::PackedKey(40)});
   auto trailing = valid;
   trailing.push_back(std::byte{1});
   for (const auto& descriptor : {std::vector<std::byte>(13, std::byte{0xFF}), wrong_length, trailing}) {

@@ -27,12 +27,16 @@ struct TestBackendFaults {
   bool fail_transfers = false;
 };
 
+/// The test backend's descriptors and offers on the wire.
+inline constexpr BackendId test_backend_id{3};
+
 class TestBackend final : public RdmaBackend {
  public:
   static std::shared_ptr<TestBackend> create();
   ~TestBackend() override;
 
   [[nodiscard]] std::string_view key() const noexcept override { return "test"; }
+  [[nodiscard]] BackendId wire_id() const noexcept override { return test_backend_id; }
   [[nodiscard]] std::optional<std::size_t> live_registrations() const override;
 
   void set_faults(const TestBackendFaults& faults);

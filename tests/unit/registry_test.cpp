@@ -216,7 +216,7 @@ TEST_F(RegistryTest, DeregisterWaitsForTransfersInFlight) {
 
   auto registry = make_registry();
   auto guard = register_now(registry, destination, Access::local).value();
-  const corma::RemoteRegion remote{"test", 1, remote_region.effective_addr, source.size(),
+  const corma::RemoteRegion remote{corma::testing::test_backend_id, 1, remote_region.effective_addr, source.size(),
                                    remote_region.packed_key};
   backend->hold_transfers();
   std::vector<std::string> order;
@@ -248,13 +248,13 @@ TEST_F(RegistryTest, TransfersAreBoundsCheckedAgainstBothRegions) {
   auto registry = make_registry();
   std::vector<std::byte> memory(page_size());
   auto guard = register_now(registry, memory).value();
-  const corma::RemoteRegion remote{"test", 1, 0x1000, 64, corma::PackedKey(40)};
+  const corma::RemoteRegion remote{corma::testing::test_backend_id, 1, 0x1000, 64, corma::PackedKey(40)};
   auto r = guard.async_get(corma::PeerId{1}, remote, {page_size() - 8, 0, 16}, asio::use_future).get();
   EXPECT_TRUE(r.error().is(errc::out_of_range));
   r = guard.async_get(corma::PeerId{1}, remote, {0, 60, 16}, asio::use_future).get();
   EXPECT_TRUE(r.error().is(errc::out_of_range));
   auto foreign = remote;
-  foreign.backend = "ucx";
+  foreign.backend = corma::BackendId{1};
   r = guard.async_get(corma::PeerId{1}, foreign, {0, 0, 16}, asio::use_future).get();
   EXPECT_TRUE(r.error().is(errc::invalid_key));
 }

@@ -6,6 +6,7 @@
 #include "support/soft_verbs.hpp"
 
 #include "device.hpp"
+#include "provider_table.hpp"
 #include "wire.hpp"
 
 #include <corma/registry.hpp>
@@ -49,7 +50,7 @@ class VerbsBackend : public ::testing::Test {
   void TearDown() override { EXPECT_EQ(fabric.overruns(), 0u) << "the backend overran a send queue"; }
 
   std::shared_ptr<Backend> make(Config config = {}) {
-    auto backend = Backend::create(config, fabric.api());
+    auto backend = corma::verbs::create_over(config, fabric.api());
     if (!backend) throw std::runtime_error(backend.error().message());
     return std::move(backend).value();
   }
@@ -109,7 +110,7 @@ class VerbsBackend : public ::testing::Test {
 
 TEST_F(VerbsBackend, AKernelWithoutRdmaIsNotConfiguredAndSaysSo) {
   fabric.reset(SoftVerbsConfig{.no_kernel_support = true});
-  auto backend = Backend::create({}, fabric.api());
+  auto backend = corma::verbs::create_over({}, fabric.api());
   ASSERT_FALSE(backend);
   EXPECT_TRUE(backend.error().is(errc::not_configured));
   EXPECT_NE(backend.error().detail.find("ENOSYS"), std::string::npos) << backend.error().message();
@@ -117,7 +118,7 @@ TEST_F(VerbsBackend, AKernelWithoutRdmaIsNotConfiguredAndSaysSo) {
 
 TEST_F(VerbsBackend, NoDeviceOrAnUnknownNameIsNotConfigured) {
   fabric.reset(SoftVerbsConfig{.device_count = 0});
-  auto none = Backend::create({}, fabric.api());
+  auto none = corma::verbs::create_over({}, fabric.api());
   ASSERT_FALSE(none);
   EXPECT_TRUE(none.error().is(errc::not_configured));
   EXPECT_NE(none.error().detail.find("no RDMA device"), std::string::npos) << none.error().message();
@@ -125,7 +126,7 @@ TEST_F(VerbsBackend, NoDeviceOrAnUnknownNameIsNotConfigured) {
   fabric.reset();
   Config named;
   named.device = "mlx5_9";
-  auto unknown = Backend::create(named, fabric.api());
+  auto unknown = corma::verbs::create_over(named, fabric.api());
   ASSERT_FALSE(unknown);
   EXPECT_TRUE(unknown.error().is(errc::not_configured));
   EXPECT_NE(unknown.error().detail.find("soft0"), std::string::npos) << "should list what exists";
@@ -135,7 +136,7 @@ TEST_F(VerbsBackend, NoDeviceOrAnUnknownNameIsNotConfigured) {
 TEST_F(VerbsBackend, AnIncompleteFunctionTableIsNotConfigured) {
   auto partial = std::make_shared<IbvApi>(*fabric.api());
   partial->post_send = nullptr;
-  auto backend = Backend::create({}, partial);
+  auto backend = corma::verbs::create_over({}, partial);
   ASSERT_FALSE(backend);
   EXPECT_TRUE(backend.error().is(errc::not_configured));
   EXPECT_NE(backend.error().detail.find("post_send"), std::string::npos) << backend.error().message();

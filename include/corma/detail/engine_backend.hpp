@@ -11,9 +11,16 @@
 #include <optional>
 #include <thread>
 
+namespace corma::detail {
+class EngineBackend;
+}
+
 namespace corma::backend_kit {
 class EngineCore;
-}
+/// The engine behind a backend, for corma's own backends and tests; its type
+/// is private to them.
+EngineCore& core_of(const detail::EngineBackend& backend) noexcept;
+}  // namespace corma::backend_kit
 
 namespace corma::detail {
 
@@ -24,11 +31,6 @@ class EngineBackend : public RdmaBackend {
   [[nodiscard]] std::optional<std::size_t> live_registrations() const final;
   /// Transfers posted to the provider and not yet finished (answered or not).
   [[nodiscard]] std::size_t transfers_in_flight() const;
-  /// Map results handed to their handlers' executors so far.
-  [[nodiscard]] std::size_t maps_answered() const;
-  /// Testing aid: delay between registering a region and answering its map,
-  /// for maps that start later.
-  void set_map_answer_delay(std::chrono::nanoseconds delay);
 
  protected:
   EngineBackend(std::shared_ptr<backend_kit::EngineCore> core, std::thread progress_thread);
@@ -44,6 +46,8 @@ class EngineBackend : public RdmaBackend {
   void do_shutdown(Handler<void> h) final;
 
  private:
+  friend backend_kit::EngineCore& backend_kit::core_of(const EngineBackend& backend) noexcept;
+
   std::shared_ptr<backend_kit::EngineCore> core_;
   std::thread thread_;
 };

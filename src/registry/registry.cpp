@@ -1,6 +1,6 @@
 #include <corma/registry.hpp>
 
-#include "detail/registry_core.hpp"
+#include "registry_core.hpp"
 
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/bind_executor.hpp>

@@ -1,4 +1,4 @@
-#include "detail/latch.hpp"
+#include "latch.hpp"
 
 #include <boost/asio/cancellation_type.hpp>
 

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <span>
 
-namespace corma::backend_kit {
+namespace corma::wire {
 
 inline constexpr std::uint64_t fnv1a_basis = 0xcbf29ce484222325ULL;
 
@@ -20,4 +20,4 @@ inline constexpr std::uint64_t fnv1a_basis = 0xcbf29ce484222325ULL;
   return hash;
 }
 
-}  // namespace corma::backend_kit
+}  // namespace corma::wire

@@ -1,7 +1,7 @@
 #include <corma/region_guard.hpp>
 
-#include "detail/latch.hpp"
-#include "detail/region_state.hpp"
+#include "latch.hpp"
+#include "region_state.hpp"
 
 #include <corma/detail/completion.hpp>
 
@@ -61,7 +61,7 @@ const BackendRegion& RegionGuard::backend_region() const noexcept {
 
 RemoteRegion RegionGuard::remote() const {
   if (!state_) return {};
-  return RemoteRegion{std::string(state_->backend()->key()), state_->generation(),
+  return RemoteRegion{state_->backend()->wire_id(), state_->generation(),
                       reinterpret_cast<std::uint64_t>(state_->memory().data()),
                       state_->memory().size(), state_->region().packed_key};
 }
@@ -80,9 +80,11 @@ void RegionGuard::do_transfer(bool is_put, PeerId peer, RemoteRegion remote, Tra
   if (auto far = validate_slice(range.remote_offset, range.len, remote.len); !far) {
     return completion.post(std::move(far).error());
   }
-  if (remote.backend != state_->backend()->key()) {
-    return completion.post(fail(errc::invalid_key, "remote region belongs to backend '" +
-                                                       remote.backend + "'"));
+  if (remote.backend != state_->backend()->wire_id()) {
+    return completion.post(fail(errc::invalid_key,
+                                "remote region belongs to backend " +
+                                    std::to_string(static_cast<unsigned>(remote.backend)) + ", not " +
+                                    std::string(state_->backend()->key())));
   }
   if (!state_->begin_transfer()) {
     return completion.post(fail(errc::region_not_found, "region is being deregistered"));

@@ -1,4 +1,4 @@
-#include "detail/registry_core.hpp"
+#include "registry_core.hpp"
 
 #include <unistd.h>
 

@@ -1,6 +1,7 @@
-// Little-endian, fixed-width, unpadded encoding helpers shared by the
-// rendezvous codecs (descriptors and control frames): a byte writer and a
-// bounds-checked reader whose every read returns a Result.
+// Little-endian, fixed-width, unpadded encoding shared by every corma wire
+// record (rendezvous frames and descriptors, each backend's keys and peer
+// blobs): a byte writer and a bounds-checked reader whose every read returns
+// a Result. Header-only: it needs nothing but corma's error type.
 #pragma once
 
 #include <corma/error.hpp>
@@ -8,12 +9,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <stdexcept>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
-namespace corma::rendezvous::wire {
+namespace corma::wire {
 
 /// Appends fields to a byte buffer. Writing never fails; a length that does
 /// not fit the width of its field is a caller bug and throws std::length_error
@@ -33,7 +35,14 @@ class Writer {
   }
 
   /// Overwrites a u32 written earlier at `offset` (length prefixes).
-  void patch_u32(std::size_t offset, std::uint32_t value);
+  void patch_u32(std::size_t offset, std::uint32_t value) {
+    if (offset > out_.size() || out_.size() - offset < 4) {
+      throw std::out_of_range("wire::Writer::patch_u32 past the end");
+    }
+    for (std::size_t i = 0; i < 4; ++i) {
+      out_[offset + i] = static_cast<std::byte>((value >> (8 * i)) & 0xffU);
+    }
+  }
 
   [[nodiscard]] std::size_t size() const noexcept { return out_.size(); }
   [[nodiscard]] std::vector<std::byte> take() && { return std::move(out_); }
@@ -49,7 +58,10 @@ class Writer {
   std::vector<std::byte> out_;
 };
 
-[[noreturn]] void throw_length_error(const char* what, std::size_t size);
+[[noreturn]] inline void throw_length_error(const char* what, std::size_t size) {
+  throw std::length_error(std::string("corma: ") + what + " of " + std::to_string(size) +
+                          " bytes does not fit its length field");
+}
 
 /// `size` as a length field of type T; throws std::length_error when it does
 /// not fit (`what` names the field).
@@ -72,19 +84,42 @@ class Reader {
   [[nodiscard]] Result<std::uint64_t> u64(std::string_view field) { return get<std::uint64_t>(field); }
 
   /// The next `n` bytes, as a view into the input.
-  [[nodiscard]] Result<std::span<const std::byte>> bytes(std::size_t n, std::string_view field);
-  [[nodiscard]] Result<std::vector<std::byte>> byte_vector(std::size_t n, std::string_view field);
-  [[nodiscard]] Result<std::string> text(std::size_t n, std::string_view field);
+  [[nodiscard]] Result<std::span<const std::byte>> bytes(std::size_t n, std::string_view field) {
+    CORMA_TRY(need(n, field));
+    auto view = bytes_.subspan(at_, n);
+    at_ += n;
+    return view;
+  }
+  [[nodiscard]] Result<std::vector<std::byte>> byte_vector(std::size_t n, std::string_view field) {
+    CORMA_TRY(auto view, bytes(n, field));
+    return std::vector<std::byte>(view.begin(), view.end());
+  }
+  [[nodiscard]] Result<std::string> text(std::size_t n, std::string_view field) {
+    CORMA_TRY(auto view, bytes(n, field));
+    return std::string(reinterpret_cast<const char*>(view.data()), view.size());
+  }
 
   /// Fails with `protocol` unless everything was consumed (`what` names the
   /// record, for the detail).
-  [[nodiscard]] Result<void> expect_end(std::string_view what) const;
+  [[nodiscard]] Result<void> expect_end(std::string_view what) const {
+    if (remaining() != 0) {
+      return fail(errc::protocol, std::to_string(remaining()) + " trailing bytes after " + std::string(what));
+    }
+    return success();
+  }
 
   [[nodiscard]] std::size_t remaining() const noexcept { return bytes_.size() - at_; }
   [[nodiscard]] std::size_t position() const noexcept { return at_; }
 
  private:
-  [[nodiscard]] Result<void> need(std::size_t n, std::string_view field) const;
+  [[nodiscard]] Result<void> need(std::size_t n, std::string_view field) const {
+    if (n > remaining()) {
+      return fail(errc::protocol, "truncated " + std::string(field) + ": needs " + std::to_string(n) +
+                                      " bytes at offset " + std::to_string(at_) + ", " +
+                                      std::to_string(remaining()) + " left");
+    }
+    return success();
+  }
 
   template <class T>
   [[nodiscard]] Result<T> get(std::string_view field) {
@@ -101,4 +136,4 @@ class Reader {
   std::size_t at_ = 0;
 };
 
-}  // namespace corma::rendezvous::wire
+}  // namespace corma::wire

@@ -1,6 +1,6 @@
-#include "detail/region_state.hpp"
+#include "region_state.hpp"
 
-#include "detail/registry_core.hpp"
+#include "registry_core.hpp"
 
 #include <utility>
 

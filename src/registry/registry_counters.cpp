@@ -1,4 +1,4 @@
-#include "detail/registry_counters.hpp"
+#include "registry_counters.hpp"
 
 #include <bit>
 

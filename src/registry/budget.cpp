@@ -1,4 +1,4 @@
-#include "detail/budget.hpp"
+#include "budget.hpp"
 
 #include <utility>
 

@@ -32,7 +32,6 @@ struct EngineSettings {
   std::size_t command_queue_capacity = 65536;
   std::chrono::milliseconds operation_timeout{30000};
   std::chrono::milliseconds shutdown_timeout{5000};
-  std::chrono::nanoseconds map_answer_delay{0};
 };
 
 class EngineCore : public std::enable_shared_from_this<EngineCore> {
@@ -108,8 +107,10 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   [[nodiscard]] Error shut_down_error() const;
   [[nodiscard]] Error provider_error(errc code, const std::string& what) const;
 
-  /// Section 6 of the design, with the provider's hooks; `op` may be empty
-  /// (the destructor's shutdown).
+  /// The shutdown order every provider backend follows (docs/backends.md):
+  /// refuse, undo unanswered maps, wait for transfers, close peers, tear the
+  /// provider down, through the provider's hooks; `op` may be empty (the
+  /// destructor's shutdown).
   void run_shutdown(const std::shared_ptr<VoidOp>& op);
   /// Drives progress() until `done` holds or the shutdown timeout passes.
   template <class Done>
@@ -135,6 +136,9 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   const EngineSettings settings;
   asio::io_context io;
 
+  // Testing aids, reached through backend_kit::core_of: a delay between
+  // registering a region and answering its map (opens the "mapped, not
+  // answered" window), and how many map results were handed over.
   std::atomic<std::int64_t> map_answer_delay_ns{0};
   std::atomic<std::size_t> maps_answered{0};
   std::atomic<std::size_t> live{0};
