@@ -21,6 +21,7 @@ enum class errc {
   cancelled,         ///< the caller cancelled the operation
   peer_unreachable,  ///< the peer is unknown, broken or gone
   protocol,          ///< a peer sent something the protocol does not allow
+  object_changed,    ///< the object changed while it was read: no consistent version was delivered
 };
 
 /// The category of corma::errc; its name() is "corma".

@@ -40,12 +40,23 @@ struct OwnerConfig {
   std::chrono::milliseconds lease_timeout{10000};
   /// How often abandoned leases are looked for.
   std::chrono::milliseconds reap_interval{250};
-  /// A connection silent this long is closed.
+  /// A connection silent this long between frames is closed.
   std::chrono::milliseconds idle_timeout{60000};
-  /// Deadline for reading the rest of a frame and for every write.
+  /// Deadline for the hello, for reading the rest of a frame once its first
+  /// byte came, and for every write.
   std::chrono::milliseconds io_timeout{10000};
   /// Leases one connection may hold at once.
   std::size_t max_leases_per_connection = 64;
+  /// Leases the owner holds at once, over all connections; past it acquires
+  /// are answered `budget_exceeded`.
+  std::size_t max_leases = 65536;
+  /// Open connections; past it a new connection is answered
+  /// `budget_exceeded` ("too many connections") and closed.
+  std::size_t max_connections = 1024;
+  /// Connections that have not finished their hello; past it new ones are
+  /// refused the same way (a flood of silent connections cannot crowd out
+  /// the consumers that talk).
+  std::size_t max_handshakes = 128;
   /// Keeps published objects registered between leases, so a repeated fetch
   /// costs no registration on this side. Cached exports nobody is reading
   /// are deregistered when a new export needs their room in the budget, and
@@ -64,6 +75,7 @@ struct OwnerStats {
   std::uint64_t leases_released = 0;
   std::uint64_t live_leases = 0;
   std::uint64_t connections = 0;
+  std::uint64_t refused_connections = 0;  ///< turned away at max_connections / max_handshakes
   std::uint64_t exports_registered = 0;  ///< registrations made for leases, ever
   std::uint64_t exports_evicted = 0;     ///< cached exports given up for room in the budget
 };

@@ -13,6 +13,9 @@ struct ServeOptions {
   std::string listen = "127.0.0.1:7300";
   std::string budget = "1G";
   std::string metrics;  ///< empty: no metrics endpoint
+  std::string snapshot_limit = "1G";  ///< bytes of file snapshots alive at once
+  std::size_t max_connections = 1024;
+  std::size_t max_leases = 65536;
   TransportOptions transport;
 };
 

@@ -1,7 +1,6 @@
 #include "file_resolver.hpp"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -9,13 +8,13 @@ namespace corma::cli {
 
 namespace fs = std::filesystem;
 
-Result<FileResolver> FileResolver::create(const fs::path& root) {
+Result<FileResolver> FileResolver::create(const fs::path& root, std::uint64_t snapshot_limit) {
   std::error_code ec;
   auto canonical = fs::canonical(root, ec);
   if (ec || !fs::is_directory(canonical, ec)) {
     return fail(errc::not_configured, "serve root '" + root.string() + "' is not a directory");
   }
-  return FileResolver(std::move(canonical));
+  return FileResolver(std::move(canonical), snapshot_limit);
 }
 
 namespace {
@@ -55,16 +54,15 @@ Result<PublishedObject> FileResolver::operator()(std::string_view name) const {
     ::close(fd);
     return fail(errc::region_not_found, "'" + std::string(name) + "' is not a regular file");
   }
-  const auto size = static_cast<std::size_t>(info.st_size);
-  if (size == 0) {
+  if (info.st_size == 0) {
     ::close(fd);
     return PublishedObject{{}, nullptr};
   }
-  void* mapping = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  auto snapshot = snapshots_->snapshot(fd, real.string(), name);
   ::close(fd);
-  if (mapping == MAP_FAILED) return fail(errc::backend, "cannot map '" + std::string(name) + "'");
-  std::shared_ptr<const void> keepalive(mapping, [size](const void* p) { ::munmap(const_cast<void*>(p), size); });
-  return PublishedObject{{static_cast<const std::byte*>(mapping), size}, std::move(keepalive)};
+  if (!snapshot) return std::move(snapshot).error();
+  const auto bytes = snapshot.value()->bytes();
+  return PublishedObject{bytes, std::move(snapshot).value()};
 }
 
 }  // namespace corma::cli

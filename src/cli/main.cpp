@@ -20,6 +20,13 @@ int main(int argc, char** argv) {
                       "expose memory for RDMA over tcp. RISK: UCX emulates RDMA over tcp in software and checks "
                       "nothing, so ANY peer that can reach this process can then read and write ALL of its memory");
   serve_cmd->add_option("--metrics", serve.metrics, "HOST:PORT for Prometheus text metrics at /metrics");
+  serve_cmd->add_option("--snapshot-limit", serve.snapshot_limit,
+                        "memory for the snapshots of files being served (each version read once, shared)")
+      ->capture_default_str();
+  serve_cmd->add_option("--max-connections", serve.max_connections, "open connections at most; more are refused")
+      ->capture_default_str();
+  serve_cmd->add_option("--max-leases", serve.max_leases, "leases held at once over all connections")
+      ->capture_default_str();
 
   GetOptions get;
   auto* get_cmd = app.add_subcommand("get", "fetch one file from a corma serve");

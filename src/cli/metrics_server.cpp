@@ -27,6 +27,8 @@ std::string render_metrics(const OwnerStats& owner, const RegistryStats* registr
   out << "# TYPE corma_owner_pulled_bytes_total counter\ncorma_owner_pulled_bytes_total " << owner.pulled_bytes << "\n";
   out << "# TYPE corma_owner_refused_requests_total counter\ncorma_owner_refused_requests_total "
       << owner.refused_requests << "\n";
+  out << "# TYPE corma_owner_refused_connections_total counter\ncorma_owner_refused_connections_total "
+      << owner.refused_connections << "\n";
   out << "# TYPE corma_owner_leases_expired_total counter\ncorma_owner_leases_expired_total "
       << owner.leases_expired << "\n";
   out << "# TYPE corma_owner_live_leases gauge\ncorma_owner_live_leases " << owner.live_leases << "\n";

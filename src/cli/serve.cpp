@@ -20,11 +20,12 @@ namespace corma::cli {
 namespace asio = boost::asio;
 
 int run_serve(const ServeOptions& options) {
-  auto resolver = FileResolver::create(options.root);
+  auto snapshot_limit = parse_size(options.snapshot_limit);
+  auto resolver = FileResolver::create(options.root, snapshot_limit ? snapshot_limit.value() : 0);
   auto budget = parse_size(options.budget);
   auto listen = parse_endpoint(options.listen);
-  for (const auto* error : {resolver ? nullptr : &resolver.error(), budget ? nullptr : &budget.error(),
-                            listen ? nullptr : &listen.error()}) {
+  for (const auto* error : {snapshot_limit ? nullptr : &snapshot_limit.error(), resolver ? nullptr : &resolver.error(),
+                            budget ? nullptr : &budget.error(), listen ? nullptr : &listen.error()}) {
     if (error != nullptr) {
       std::fprintf(stderr, "corma serve: %s\n", error->message().c_str());
       return 2;
@@ -38,7 +39,10 @@ int run_serve(const ServeOptions& options) {
   auto registry = std::make_shared<Registry>(backend.value().backend, RegistryConfig{budget.value(), 0});
 
   asio::io_context io(1);
-  Owner owner(io.get_executor(), registry);
+  OwnerConfig owner_config;
+  owner_config.max_connections = options.max_connections;
+  owner_config.max_leases = options.max_leases;
+  Owner owner(io.get_executor(), registry, owner_config);
   owner.set_resolver(std::move(resolver).value());
 
   asio::ip::tcp::acceptor acceptor(io);

@@ -24,6 +24,7 @@ class ErrorCategory final : public std::error_category {
       case errc::cancelled: return "cancelled";
       case errc::peer_unreachable: return "peer unreachable";
       case errc::protocol: return "protocol violation";
+      case errc::object_changed: return "object changed while it was read";
     }
     return "unknown corma error " + std::to_string(value);
   }
@@ -44,6 +45,7 @@ bool is_retryable(std::error_code ec) noexcept {
     case errc::timeout:
     case errc::peer_unreachable:
     case errc::cancelled:
+    case errc::object_changed:  // the next read sees one version
       return true;
     // Everything else fails the same way again until the request changes.
     default:

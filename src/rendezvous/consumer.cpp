@@ -80,9 +80,15 @@ struct Consumer::State {
     co_return success();
   }
 
-  asio::awaitable<void> release(std::uint64_t lease) {
+  /// Ends a lease. The owner answers `object_changed` when the object was
+  /// published again while the lease read it: then what was read may be a
+  /// mix, and the fetch fails. Any other trouble with the answer says
+  /// nothing about the bytes and is not the fetch's failure.
+  asio::awaitable<Result<void>> release(std::uint64_t lease) {
     Release message{lease};
-    co_await request(message);
+    auto answer = co_await request(message);
+    if (!answer && answer.error().is(errc::object_changed)) co_return std::move(answer).error();
+    co_return success();
   }
 
   /// Keeps a lease alive while an RDMA transfer runs, until `done`.
@@ -155,7 +161,7 @@ struct Consumer::State {
     }
     auto into = destination.span_for(fetched.size);
     if (!into) {
-      co_await release(lease);
+      (void)co_await release(lease);
       co_return std::move(into).error();
     }
 
@@ -170,8 +176,8 @@ struct Consumer::State {
       if (got) {
         if (config.on_progress) config.on_progress(fetched.size, fetched.size);
         fetched.path = Path::rdma;
+        CORMA_CO_TRY(co_await release(lease));
         ++stats.decisions.rdma;
-        co_await release(lease);
         co_return fetched;
       }
       // Exactly one fallback: the chunked path on the same lease.
@@ -180,8 +186,9 @@ struct Consumer::State {
       ++stats.fallbacks;
     }
     auto pulled = co_await pull_all(lease, fetched.size, chunk, into.value());
-    co_await release(lease);
+    auto released = co_await release(lease);
     if (!pulled) co_return std::move(pulled).error();
+    CORMA_CO_TRY(released);
     fetched.path = Path::chunked;
     ++stats.decisions.chunked_by_reason[fetched.fell_back ? "rdma_failed" : fetched.reason];
     co_return fetched;

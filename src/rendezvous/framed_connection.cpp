@@ -7,6 +7,7 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
 
+#include <algorithm>
 #include <array>
 
 namespace corma::rendezvous {
@@ -16,6 +17,7 @@ using namespace asio::experimental::awaitable_operators;
 namespace {
 
 constexpr auto as_result = asio::as_tuple(asio::use_awaitable);
+constexpr std::size_t keep_body_capacity = 64 * 1024;
 
 Error connection_error(const boost::system::error_code& ec, const char* what) {
   if (ec == asio::error::eof || ec == asio::error::connection_reset || ec == asio::error::broken_pipe) {
@@ -62,19 +64,33 @@ FramedConnection::FramedConnection(asio::ip::tcp::socket socket, std::uint32_t m
   socket_.set_option(asio::ip::tcp::no_delay(true), ignored);
 }
 
-asio::awaitable<Result<Frame>> FramedConnection::read(std::chrono::milliseconds timeout) {
+asio::awaitable<Result<Frame>> FramedConnection::read(std::chrono::milliseconds wait,
+                                                      std::chrono::milliseconds rest) {
   std::array<std::byte, 4> prefix{};
-  const auto prefix_buffer = asio::buffer(prefix);
-  CORMA_CO_TRY(co_await transfer(socket_, Reader{}, prefix_buffer, timeout, "reading a frame"));
+  CORMA_CO_TRY(co_await transfer(socket_, Reader{}, asio::buffer(prefix.data(), 1), wait, "reading a frame"));
+  CORMA_CO_TRY(co_await transfer(socket_, Reader{}, asio::buffer(prefix.data() + 1, 3), rest, "reading a frame"));
   auto length = decode_frame_length(prefix, max_body_);
   if (!length) {
     close();  // the stream cannot be resynchronised
     co_return std::move(length).error();
   }
-  body_.resize(length.value());
-  const auto body_buffer = asio::buffer(body_);
-  CORMA_CO_TRY(co_await transfer(socket_, Reader{}, body_buffer, timeout, "reading a frame"));
+  // The whole body must arrive within `rest`, however it is split.
+  const auto deadline = std::chrono::steady_clock::now() + rest;
+  body_.clear();
+  while (body_.size() < length.value()) {
+    // Grow by what has arrived so far (doubling from one page), never by the
+    // prefix's claim alone: a peer that announces a megabyte and sends
+    // nothing costs a page, not a megabyte.
+    const std::size_t have = body_.size();
+    const std::size_t step = std::min<std::size_t>(length.value() - have, std::max<std::size_t>(have, 4096));
+    body_.resize(have + step);
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    CORMA_CO_TRY(co_await transfer(socket_, Reader{}, asio::buffer(body_.data() + have, step),
+                                   std::max(left, std::chrono::milliseconds(0)), "reading a frame"));
+  }
   auto frame = decode_frame_body(body_);
+  // A large frame's buffer is not kept for the connection's whole life.
+  if (body_.capacity() > keep_body_capacity) body_ = {};
   if (!frame) close();
   co_return frame;
 }

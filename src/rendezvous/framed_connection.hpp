@@ -19,9 +19,14 @@ class FramedConnection {
  public:
   FramedConnection(asio::ip::tcp::socket socket, std::uint32_t max_frame_body);
 
-  /// The next frame; `timeout` for a silent peer, `protocol` for anything
-  /// malformed or oversized, `peer_unreachable` when the connection ends.
-  asio::awaitable<Result<Frame>> read(std::chrono::milliseconds timeout);
+  /// The next frame: `timeout` when its first byte does not come within
+  /// `wait` or the rest of it within `rest` (a peer that starts a frame must
+  /// finish it promptly, however long it may stay silent between frames),
+  /// `protocol` for anything malformed or oversized, `peer_unreachable` when
+  /// the connection ends. The body grows with the bytes that actually
+  /// arrive, never with what the length prefix claims.
+  asio::awaitable<Result<Frame>> read(std::chrono::milliseconds wait, std::chrono::milliseconds rest);
+  asio::awaitable<Result<Frame>> read(std::chrono::milliseconds timeout) { return read(timeout, timeout); }
   asio::awaitable<Result<void>> write(const Frame& frame, std::chrono::milliseconds timeout);
 
   void set_max_frame_body(std::uint32_t max_body) noexcept { max_body_ = max_body; }

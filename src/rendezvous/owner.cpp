@@ -13,6 +13,8 @@
 #include <list>
 #include <map>
 #include <set>
+#include <unordered_map>
+#include <unordered_set>
 
 namespace corma {
 
@@ -44,7 +46,11 @@ struct Export {
 
 struct Lease {
   std::uint64_t session = 0;
+  std::string name;
   PublishedObject object;
+  /// For published objects: the publication this lease reads. A release after
+  /// the name was published again answers `object_changed`.
+  std::optional<std::uint64_t> publication;
   std::shared_ptr<Export> exported;  // empty for chunked leases
   clock_type::time_point deadline;
 };
@@ -69,8 +75,15 @@ struct Owner::State : std::enable_shared_from_this<State> {
   BackendId kind{};
 
   std::map<std::string, PublishedObject, std::less<>> published;
+  /// How many times each name was published: a lease remembers the count
+  /// it read, so its release can tell whether the object changed meanwhile.
+  std::map<std::string, std::uint64_t, std::less<>> publications;
   ObjectResolver resolver;
   std::map<std::uint64_t, Lease> leases;
+  /// The leases of each connection, so that counting and dropping them
+  /// never scans every lease.
+  std::unordered_map<std::uint64_t, std::unordered_set<std::uint64_t>> session_leases;
+  std::size_t handshakes = 0;  // connections that have not finished their hello
   std::map<std::string, std::weak_ptr<Export>, std::less<>> exports;
   /// Published objects kept registered between leases (config.cache_exports),
   /// least recently used first.
@@ -94,9 +107,28 @@ struct Owner::State : std::enable_shared_from_this<State> {
   }
 
   std::size_t leases_of(std::uint64_t session) const {
-    std::size_t n = 0;
-    for (const auto& [id, lease] : leases) n += lease.session == session ? 1 : 0;
-    return n;
+    auto it = session_leases.find(session);
+    return it == session_leases.end() ? 0 : it->second.size();
+  }
+
+  void add_lease(std::uint64_t id, Lease lease) {
+    session_leases[lease.session].insert(id);
+    leases.emplace(id, std::move(lease));
+  }
+
+  std::map<std::uint64_t, Lease>::iterator erase_lease(std::map<std::uint64_t, Lease>::iterator it) {
+    if (auto owner = session_leases.find(it->second.session); owner != session_leases.end()) {
+      owner->second.erase(it->first);
+      if (owner->second.empty()) session_leases.erase(owner);
+    }
+    return leases.erase(it);
+  }
+
+  /// Whether `lease` reads an object that was published again since.
+  bool republished_since(const Lease& lease) const {
+    if (!lease.publication) return false;
+    auto it = publications.find(lease.name);
+    return it == publications.end() || it->second != *lease.publication;
   }
 
   Lease* lease_of(std::uint64_t session, std::uint64_t id) {
@@ -173,8 +205,16 @@ struct Owner::State : std::enable_shared_from_this<State> {
       ++stats.refused_requests;
       co_return error_reply(Error{errc::budget_exceeded, "too many leases on this connection"});
     }
+    if (leases.size() >= config.max_leases) {
+      ++stats.refused_requests;
+      co_return error_reply(Error{errc::budget_exceeded, "the owner holds its maximum of " +
+                                                             std::to_string(config.max_leases) + " leases"});
+    }
     const std::uint64_t size = object.value().bytes.size();
-    Lease lease{session, object.value(), nullptr, {}};
+    Lease lease{session, request.name, object.value(), std::nullopt, nullptr, {}};
+    if (auto it = publications.find(request.name); it != publications.end() && published.contains(request.name)) {
+      lease.publication = it->second;
+    }
     std::optional<ChunkedReason> reason;
     if (draining) {
       reason = ChunkedReason::draining;
@@ -196,12 +236,12 @@ struct Owner::State : std::enable_shared_from_this<State> {
     const auto timeout_ms = static_cast<std::uint32_t>(config.lease_timeout.count());
     if (reason) {
       ++stats.decisions.chunked_by_reason[std::string(to_string(*reason))];
-      leases.emplace(id, std::move(lease));
+      add_lease(id, std::move(lease));
       co_return Chunked{id, size, config.chunk_size, timeout_ms, *reason};
     }
     ++stats.decisions.rdma;
     auto descriptor = lease.exported->descriptor;
-    leases.emplace(id, std::move(lease));
+    add_lease(id, std::move(lease));
     co_return RdmaGrant{id, size, timeout_ms, std::move(descriptor)};
   }
 
@@ -234,23 +274,29 @@ struct Owner::State : std::enable_shared_from_this<State> {
     return Renewed{static_cast<std::uint32_t>(config.lease_timeout.count())};
   }
 
+  /// Ends the lease. A consumer reports success only after this answer: it
+  /// is `object_changed` when the object was published again while the
+  /// lease read it, so the consumer never reports a possible mix.
   Message release(std::uint64_t session, const Release& request) {
-    if (lease_of(session, request.lease) != nullptr) {
-      leases.erase(request.lease);
-      ++stats.leases_released;
-    }
+    Lease* lease = lease_of(session, request.lease);
+    if (lease == nullptr) return Released{};
+    const bool changed = republished_since(*lease);
+    erase_lease(leases.find(request.lease));
+    ++stats.leases_released;
+    if (changed) return error_reply(Error{errc::object_changed, "the object was published again during the lease"});
     return Released{};
   }
 
   void drop_leases_of(std::uint64_t session) {
-    for (auto it = leases.begin(); it != leases.end();) {
-      it = it->second.session == session ? leases.erase(it) : std::next(it);
-    }
+    auto owned = session_leases.find(session);
+    if (owned == session_leases.end()) return;
+    for (auto id : owned->second) leases.erase(id);
+    session_leases.erase(owned);
   }
 
   asio::awaitable<std::optional<PeerId>> handshake(FramedConnection& connection, bool& ok) {
     ok = false;
-    auto first = co_await connection.read(config.io_timeout);
+    auto first = co_await connection.read(config.io_timeout, config.io_timeout);
     if (!first || !std::holds_alternative<Hello>(first.value().message)) {
       ++stats.refused_requests;
       co_return std::nullopt;
@@ -285,9 +331,11 @@ struct Owner::State : std::enable_shared_from_this<State> {
     ++stats.connections;
     const std::uint64_t session_id = next_session++;
     bool ok = false;
+    ++handshakes;
     const auto peer = co_await handshake(*connection, ok);
+    --handshakes;
     while (ok && connection->is_open()) {
-      auto frame = co_await connection->read(config.idle_timeout);
+      auto frame = co_await connection->read(config.idle_timeout, config.io_timeout);
       if (!frame) {
         if (frame.error().is(errc::protocol)) ++stats.refused_requests;
         break;
@@ -318,6 +366,17 @@ struct Owner::State : std::enable_shared_from_this<State> {
     }
   }
 
+  /// Turns a connection away with one `budget_exceeded` frame, written
+  /// without waiting (a fresh socket's send buffer takes it whole), and closes it.
+  void refuse(asio::ip::tcp::socket& socket) {
+    ++stats.refused_connections;
+    const auto bytes = encode_frame(Frame{0, error_reply(Error{errc::budget_exceeded, "too many connections"})});
+    boost::system::error_code ignored;
+    socket.non_blocking(true, ignored);
+    socket.write_some(asio::buffer(bytes), ignored);
+    socket.close(ignored);
+  }
+
   asio::awaitable<void> reap() {
     auto self = shared_from_this();
     while (!draining) {
@@ -327,7 +386,7 @@ struct Owner::State : std::enable_shared_from_this<State> {
       const auto now = clock_type::now();
       for (auto it = leases.begin(); it != leases.end();) {
         if (it->second.deadline < now) {
-          it = leases.erase(it);
+          it = erase_lease(it);
           ++stats.leases_expired;
         } else {
           ++it;
@@ -348,6 +407,7 @@ void Owner::publish(std::string name, PublishedObject object) {
   // New bytes under an old name: the old export must not be handed out again.
   state_->forget_cached_export(name);
   state_->exports.erase(name);
+  ++state_->publications[name];
   state_->published[std::move(name)] = std::move(object);
 }
 
@@ -361,6 +421,11 @@ asio::awaitable<void> Owner::serve(asio::ip::tcp::acceptor& acceptor) {
       if (ec == asio::error::operation_aborted || !acceptor.is_open()) break;
       continue;  // a failed accept (out of descriptors, reset) does not end serving
     }
+    if (state->connections.size() >= state->config.max_connections ||
+        state->handshakes >= state->config.max_handshakes) {
+      state->refuse(socket);
+      continue;
+    }
     asio::co_spawn(state->executor, state->session(std::move(socket)), asio::detached);
   }
 }
@@ -371,6 +436,7 @@ void Owner::stop() {
   state.reaper.cancel();
   for (const auto& connection : state.connections) connection->close();
   state.leases.clear();
+  state.session_leases.clear();
   state.cached_exports.clear();
 }
 

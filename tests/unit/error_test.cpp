@@ -25,12 +25,12 @@ TEST(Errc, CategoryIsNamedCorma) {
 
 TEST(Errc, EveryCodeHasItsOwnMessage) {
   std::set<std::string> messages;
-  for (int v = 0; v <= static_cast<int>(errc::protocol); ++v) {
+  for (int v = 0; v <= static_cast<int>(errc::object_changed); ++v) {
     const std::error_code ec = static_cast<errc>(v);
     EXPECT_EQ(ec.message().find("unknown"), std::string::npos) << v;
     messages.insert(ec.message());
   }
-  EXPECT_EQ(messages.size(), static_cast<std::size_t>(errc::protocol) + 1);
+  EXPECT_EQ(messages.size(), static_cast<std::size_t>(errc::object_changed) + 1);
   EXPECT_EQ(std::error_code(errc::timeout).message(), "timed out");
   EXPECT_NE(corma::error_category().message(999).find("unknown"), std::string::npos);
 }
@@ -42,6 +42,7 @@ TEST(Errc, RetryableCodesAreTheTransientOnes) {
   EXPECT_FALSE(corma::is_retryable(errc::invalid_key));
   EXPECT_FALSE(corma::is_retryable(errc::out_of_range));
   EXPECT_FALSE(corma::is_retryable(errc::protocol));
+  EXPECT_TRUE(corma::is_retryable(errc::object_changed));
   EXPECT_FALSE(corma::is_retryable(std::make_error_code(std::errc::timed_out)));
   EXPECT_TRUE(Error(errc::budget_exceeded).retryable());
 }
