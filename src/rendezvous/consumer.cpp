@@ -56,6 +56,11 @@ struct Consumer::State {
     for (int stale = 0; stale < 16; ++stale) {
       auto reply = co_await connection->read(config.io_timeout);
       if (!reply) co_return std::move(reply).error();
+      // Request id 0 answers no request: the owner refuses the connection
+      // itself (too many connections) before closing it.
+      if (reply.value().request_id == 0) {
+        if (auto* error = std::get_if<ErrorReply>(&reply.value().message)) co_return from_reply(*error);
+      }
       if (reply.value().request_id != id) continue;  // an answer nobody waits for any more
       if (auto* error = std::get_if<ErrorReply>(&reply.value().message)) co_return from_reply(*error);
       co_return std::move(reply.value().message);

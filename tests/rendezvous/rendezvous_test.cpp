@@ -1,12 +1,6 @@
 // Owner and Consumer over loopback TCP, with the in-process test backend:
 // the fallback rules, leases, and what a hostile client gets.
-#include "support/run.hpp"
-#include "support/test_backend.hpp"
-
-#include <corma/consumer.hpp>
-#include <corma/owner.hpp>
-
-#include "rendezvous/framed_connection.hpp"
+#include "rendezvous/rendezvous_fixture.hpp"
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
@@ -21,8 +15,8 @@
 
 namespace {
 
-namespace asio = boost::asio;
-namespace rv = corma::rendezvous;
+using namespace corma::testing::rendezvous;
+
 using corma::Consumer;
 using corma::errc;
 using corma::Owner;
@@ -30,44 +24,6 @@ using corma::Path;
 using corma::Registry;
 using corma::testing::TestBackend;
 using corma::testing::TestBackendFaults;
-
-std::vector<std::byte> pattern(std::size_t size, unsigned seed) {
-  std::vector<std::byte> bytes(size);
-  for (std::size_t i = 0; i < size; ++i) bytes[i] = static_cast<std::byte>((i * 131 + seed) % 251);
-  return bytes;
-}
-
-class Rendezvous : public ::testing::Test {
- protected:
-  asio::io_context io;
-  std::shared_ptr<TestBackend> owner_backend = TestBackend::create();
-  std::shared_ptr<TestBackend> consumer_backend = TestBackend::create();
-  std::shared_ptr<Registry> owner_registry;
-  std::shared_ptr<Registry> consumer_registry =
-      std::make_shared<Registry>(consumer_backend, corma::RegistryConfig{1 << 30, 0});
-  std::unique_ptr<Owner> owner;
-  asio::ip::tcp::acceptor acceptor{io, asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0)};
-  std::vector<std::byte> big = pattern(1 << 20, 1);
-  std::vector<std::byte> small = pattern(1000, 2);
-
-  void start_owner(std::uint64_t budget = 64 << 20, corma::OwnerConfig config = {}) {
-    owner_registry = std::make_shared<Registry>(owner_backend, corma::RegistryConfig{budget, 0});
-    owner = std::make_unique<Owner>(io.get_executor(), owner_registry, config);
-    owner->publish("big", corma::PublishedObject{big, nullptr});
-    owner->publish("small", corma::PublishedObject{small, nullptr});
-    asio::co_spawn(io, owner->serve(acceptor), asio::detached);
-  }
-
-  asio::awaitable<corma::Result<std::unique_ptr<Consumer>>> connect(std::shared_ptr<Registry> registry) {
-    co_return co_await Consumer::connect(io.get_executor(), acceptor.local_endpoint(), std::move(registry));
-  }
-
-  void TearDown() override {
-    if (owner) owner->stop();
-    acceptor.close();
-    io.run_for(std::chrono::seconds(2));
-  }
-};
 
 TEST_F(Rendezvous, LargeObjectGoesOverRdmaAndSmallOneInChunks) {
   start_owner();
@@ -148,41 +104,6 @@ TEST_F(Rendezvous, RenewCarriesASlowTransferPastSeveralDeadlines) {
   EXPECT_EQ(owner->stats().leases_expired, 0u);
 }
 
-// ---- a raw client speaking the protocol ----
-
-struct RawClient {
-  std::unique_ptr<rv::FramedConnection> connection;
-  std::uint64_t next = 1;
-
-  static asio::awaitable<RawClient> connect(asio::ip::tcp::endpoint endpoint) {
-    asio::ip::tcp::socket socket(co_await asio::this_coro::executor);
-    co_await socket.async_connect(endpoint, asio::use_awaitable);
-    RawClient client;
-    client.connection = std::make_unique<rv::FramedConnection>(std::move(socket), rv::default_max_frame_body);
-    co_return client;
-  }
-
-  asio::awaitable<corma::Result<rv::Message>> ask(rv::Message message) {
-    rv::Frame frame{next++, std::move(message)};
-    auto written = co_await connection->write(frame, std::chrono::seconds(5));
-    if (!written) co_return std::move(written).error();
-    auto reply = co_await connection->read(std::chrono::seconds(5));
-    if (!reply) co_return std::move(reply).error();
-    co_return std::move(reply.value().message);
-  }
-};
-
-/// Builds the request outside the co_await expression: g++ 12 destroys
-/// braced temporaries inside co_await expressions twice.
-template <class T>
-rv::Message message(T&& body) {
-  return rv::Message(std::forward<T>(body));
-}
-
-bool is_error(const corma::Result<rv::Message>& reply, errc code) {
-  auto* error = reply ? std::get_if<rv::ErrorReply>(&reply.value()) : nullptr;
-  return error != nullptr && error->code == static_cast<std::uint16_t>(code);
-}
 
 TEST_F(Rendezvous, ReaperFreesAnAbandonedLease) {
   start_owner(64 << 20, corma::OwnerConfig{.lease_timeout = std::chrono::milliseconds(50),

@@ -1,0 +1,181 @@
+// What a greedy or slow client can do to an Owner, and what a republished
+// object does to a consumer reading it: each limit holds and is refused
+// clearly, and the owner keeps serving everyone else.
+#include "rendezvous/rendezvous_fixture.hpp"
+
+#include <boost/asio/read.hpp>
+#include <boost/asio/write.hpp>
+
+#include <array>
+#include <cstring>
+
+namespace {
+
+using namespace corma::testing::rendezvous;
+using corma::errc;
+using corma::Path;
+
+/// Waits (running the owner) until the peer closes `socket`; how long it took.
+asio::awaitable<std::chrono::milliseconds> until_closed(asio::ip::tcp::socket& socket) {
+  const auto start = std::chrono::steady_clock::now();
+  std::array<std::byte, 64> sink{};
+  for (;;) {
+    auto [ec, n] = co_await socket.async_read_some(asio::buffer(sink), asio::as_tuple(asio::use_awaitable));
+    if (ec) break;
+  }
+  co_return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+}
+
+asio::awaitable<asio::ip::tcp::socket> raw_socket(asio::ip::tcp::endpoint endpoint) {
+  asio::ip::tcp::socket socket(co_await asio::this_coro::executor);
+  co_await socket.async_connect(endpoint, asio::use_awaitable);
+  co_return socket;
+}
+
+corma::OwnerConfig quick_timeouts() {
+  corma::OwnerConfig config;
+  config.io_timeout = std::chrono::milliseconds(300);
+  config.idle_timeout = std::chrono::seconds(30);
+  return config;
+}
+
+TEST_F(Rendezvous, AHalfSentFrameIsClosedAtTheIoTimeoutNotTheIdleOne) {
+  start_owner(64 << 20, quick_timeouts());
+  corma::testing::run(io, [&]() -> asio::awaitable<void> {
+    auto client = co_await RawClient::connect(acceptor.local_endpoint());
+    auto hello = message(rv::Hello{});
+    EXPECT_TRUE(co_await client.ask(std::move(hello)));
+    // A whole frame's prefix and a few bytes of its body, then silence.
+    auto bytes = rv::encode_frame(rv::Frame{2, rv::Acquire{"small", false}});
+    co_await asio::async_write(client.connection->socket(), asio::buffer(bytes.data(), 7), asio::use_awaitable);
+    const auto waited = co_await until_closed(client.connection->socket());
+    EXPECT_GE(waited, std::chrono::milliseconds(250));
+    EXPECT_LT(waited, std::chrono::seconds(5)) << "held for the idle timeout";
+  }());
+}
+
+TEST_F(Rendezvous, SilentConnectionsPastTheHandshakeCapAreRefusedAndOthersStillServed) {
+  auto config = quick_timeouts();
+  config.max_handshakes = 2;
+  start_owner(64 << 20, config);
+  corma::testing::run(io, [&]() -> asio::awaitable<void> {
+    auto silent1 = co_await raw_socket(acceptor.local_endpoint());
+    auto silent2 = co_await raw_socket(acceptor.local_endpoint());
+    // Let the owner accept both before the third arrives.
+    asio::steady_timer settle(io);
+    while (owner->stats().connections < 2) {
+      settle.expires_after(std::chrono::milliseconds(5));
+      co_await settle.async_wait(asio::use_awaitable);
+    }
+    auto third = co_await RawClient::connect(acceptor.local_endpoint());
+    auto refused = co_await third.connection->read(std::chrono::seconds(5));
+    auto* error = refused ? std::get_if<rv::ErrorReply>(&refused.value().message) : nullptr;
+    EXPECT_TRUE(error != nullptr && error->code == static_cast<std::uint16_t>(errc::budget_exceeded));
+    EXPECT_EQ(owner->stats().refused_connections, 1u);
+    // The silent ones go at the io timeout; then a consumer is served.
+    co_await until_closed(silent1);
+    co_await until_closed(silent2);
+    auto consumer = (co_await connect(consumer_registry)).value();
+    auto fetched = co_await consumer->async_fetch("small");
+    EXPECT_TRUE(fetched) << fetched.error().message();
+  }());
+}
+
+TEST_F(Rendezvous, ConnectionsPastTheCapAreRefusedUntilOneCloses) {
+  auto config = quick_timeouts();
+  config.max_connections = 2;
+  start_owner(64 << 20, config);
+  corma::testing::run(io, [&]() -> asio::awaitable<void> {
+    auto first = (co_await connect(consumer_registry)).value();
+    auto second = (co_await connect(nullptr)).value();
+    auto third = co_await connect(nullptr);
+    EXPECT_FALSE(third);
+    if (third) co_return;
+    EXPECT_TRUE(third.error().is(errc::budget_exceeded)) << third.error().message();
+    EXPECT_NE(third.error().detail.find("too many connections"), std::string::npos) << third.error().message();
+    second.reset();
+    // The owner notices the close on its next read; retry until it has.
+    std::unique_ptr<corma::Consumer> replacement;
+    asio::steady_timer pause(io);
+    for (int attempt = 0; attempt < 200 && !replacement; ++attempt) {
+      auto again = co_await connect(nullptr);
+      if (again) replacement = std::move(again).value();
+      pause.expires_after(std::chrono::milliseconds(5));
+      if (!replacement) co_await pause.async_wait(asio::use_awaitable);
+    }
+    EXPECT_TRUE(replacement);
+    if (!replacement) co_return;
+    auto fetched = co_await replacement->async_fetch("small");
+    EXPECT_TRUE(fetched) << fetched.error().message();
+  }());
+}
+
+TEST_F(Rendezvous, TheOwnerWideLeaseCapIsRefusedClearly) {
+  auto config = quick_timeouts();
+  config.max_leases = 3;
+  start_owner(64 << 20, config);
+  corma::testing::run(io, [&]() -> asio::awaitable<void> {
+    auto a = co_await RawClient::connect(acceptor.local_endpoint());
+    auto b = co_await RawClient::connect(acceptor.local_endpoint());
+    for (auto* client : {&a, &b}) {
+      auto hello = message(rv::Hello{});
+      EXPECT_TRUE(co_await client->ask(std::move(hello)));
+    }
+    for (auto* client : {&a, &a, &b}) {
+      auto acquire = message(rv::Acquire{"small", false});
+      auto granted = co_await client->ask(std::move(acquire));
+      EXPECT_TRUE(granted && std::holds_alternative<rv::Chunked>(granted.value()));
+    }
+    auto acquire = message(rv::Acquire{"small", false});
+    auto refused = co_await b.ask(std::move(acquire));
+    EXPECT_TRUE(is_error(refused, errc::budget_exceeded));
+    EXPECT_EQ(owner->stats().live_leases, 3u);
+  }());
+}
+
+/// A consumer whose progress callback republishes `name` halfway through.
+corma::ConsumerConfig republishing_midway(corma::Owner*& owner, const std::vector<std::byte>& replacement) {
+  corma::ConsumerConfig config;
+  config.on_progress = [&owner, &replacement](std::uint64_t, std::uint64_t) {
+    owner->publish("big", corma::PublishedObject{replacement, nullptr});
+  };
+  return config;
+}
+
+TEST_F(Rendezvous, AnObjectRepublishedDuringAChunkedReadFailsTheFetchAsChanged) {
+  start_owner();
+  const auto replacement = pattern(big.size(), 9);
+  corma::Owner* owner_ptr = owner.get();
+  corma::testing::run(io, [&]() -> asio::awaitable<void> {
+    auto consumer = (co_await corma::Consumer::connect(io.get_executor(), acceptor.local_endpoint(), nullptr,
+                                                       republishing_midway(owner_ptr, replacement)))
+                        .value();
+    auto fetched = co_await consumer->async_fetch("big");
+    EXPECT_TRUE(!fetched && fetched.error().is(errc::object_changed))
+        << (fetched ? std::string("succeeded") : fetched.error().message());
+  }());
+  EXPECT_EQ(owner->stats().live_leases, 0u) << "the lease still ends";
+}
+
+TEST_F(Rendezvous, AnObjectRepublishedDuringAnRdmaReadFailsTheFetchAsChanged) {
+  start_owner();
+  const auto replacement = pattern(big.size(), 9);
+  corma::Owner* owner_ptr = owner.get();
+  corma::testing::run(io, [&]() -> asio::awaitable<void> {
+    auto consumer = (co_await corma::Consumer::connect(io.get_executor(), acceptor.local_endpoint(),
+                                                       consumer_registry, republishing_midway(owner_ptr, replacement)))
+                        .value();
+    auto fetched = co_await consumer->async_fetch("big");
+    EXPECT_TRUE(!fetched && fetched.error().is(errc::object_changed))
+        << (fetched ? std::string("succeeded") : fetched.error().message());
+    // The next fetch reads the new publication whole.
+    auto plain = (co_await connect(consumer_registry)).value();
+    auto again = co_await plain->async_fetch("big");
+    EXPECT_TRUE(again) << again.error().message();
+    if (!again) co_return;
+    EXPECT_EQ(again.value().path, Path::rdma);
+    EXPECT_EQ(std::memcmp(again.value().data.data(), replacement.data(), replacement.size()), 0);
+  }());
+}
+
+}  // namespace
