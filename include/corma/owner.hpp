@@ -74,7 +74,8 @@ struct OwnerStats {
   std::uint64_t leases_expired = 0;
   std::uint64_t leases_released = 0;
   std::uint64_t live_leases = 0;
-  std::uint64_t connections = 0;
+  std::uint64_t connections = 0;       ///< accepted, ever
+  std::uint64_t open_connections = 0;  ///< being served now
   std::uint64_t refused_connections = 0;  ///< turned away at max_connections / max_handshakes
   std::uint64_t exports_registered = 0;  ///< registrations made for leases, ever
   std::uint64_t exports_evicted = 0;     ///< cached exports given up for room in the budget

@@ -15,6 +15,7 @@ struct ServeOptions {
   std::string metrics;  ///< empty: no metrics endpoint
   std::string snapshot_limit = "1G";  ///< bytes of file snapshots alive at once
   std::size_t max_connections = 1024;
+  std::size_t max_handshakes = 128;
   std::size_t max_leases = 65536;
   TransportOptions transport;
 };

@@ -25,6 +25,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   serve_cmd->add_option("--max-connections", serve.max_connections, "open connections at most; more are refused")
       ->capture_default_str();
+  serve_cmd->add_option("--max-handshakes", serve.max_handshakes,
+                        "connections that have not said hello yet, at most; more are refused")
+      ->capture_default_str();
   serve_cmd->add_option("--max-leases", serve.max_leases, "leases held at once over all connections")
       ->capture_default_str();
 

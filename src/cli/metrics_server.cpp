@@ -31,6 +31,8 @@ std::string render_metrics(const OwnerStats& owner, const RegistryStats* registr
       << owner.refused_connections << "\n";
   out << "# TYPE corma_owner_leases_expired_total counter\ncorma_owner_leases_expired_total "
       << owner.leases_expired << "\n";
+  out << "# TYPE corma_owner_open_connections gauge\ncorma_owner_open_connections " << owner.open_connections
+      << "\n";
   out << "# TYPE corma_owner_live_leases gauge\ncorma_owner_live_leases " << owner.live_leases << "\n";
   if (registry != nullptr) {
     out << "# TYPE corma_registry_registered_bytes gauge\ncorma_registry_registered_bytes "

@@ -42,6 +42,7 @@ int run_serve(const ServeOptions& options) {
   OwnerConfig owner_config;
   owner_config.max_connections = options.max_connections;
   owner_config.max_leases = options.max_leases;
+  owner_config.max_handshakes = options.max_handshakes;
   Owner owner(io.get_executor(), registry, owner_config);
   owner.set_resolver(std::move(resolver).value());
 

@@ -26,12 +26,23 @@ Error connection_error(const boost::system::error_code& ec, const char* what) {
   return Error{errc::peer_unreachable, std::string(what) + ": " + ec.message()};
 }
 
-/// Runs a socket transfer against a deadline; the loser is cancelled.
-template <class Buffers, class Op>
-asio::awaitable<Result<void>> transfer(asio::ip::tcp::socket& socket, Op op, const Buffers& buffers,
+/// Runs a socket transfer against a deadline; the loser is cancelled. What
+/// the socket can take or give at once is moved first without waiting (no
+/// timer, no suspension): pipelined requests and small answers, the common
+/// case, cost one system call each.
+template <class Op>
+asio::awaitable<Result<void>> transfer(asio::ip::tcp::socket& socket, Op op, asio::mutable_buffer buffer,
                                        std::chrono::milliseconds timeout, const char* what) {
+  boost::system::error_code now_ec;
+  while (buffer.size() > 0) {
+    const auto moved = op.now(socket, buffer, now_ec);
+    if (now_ec == asio::error::would_block || now_ec == asio::error::try_again) break;
+    if (now_ec) co_return connection_error(now_ec, what);
+    buffer += moved;
+  }
+  if (buffer.size() == 0) co_return success();
   asio::steady_timer timer(socket.get_executor(), timeout);
-  auto outcome = co_await (op(socket, buffers, as_result) || timer.async_wait(as_result));
+  auto outcome = co_await (op(socket, buffer, as_result) || timer.async_wait(as_result));
   if (outcome.index() == 1) {
     socket.close();
     co_return fail(errc::timeout, std::string(what) + ": peer silent past the deadline");
@@ -42,15 +53,23 @@ asio::awaitable<Result<void>> transfer(asio::ip::tcp::socket& socket, Op op, con
 }
 
 struct Reader {
-  template <class Buffers, class Token>
-  auto operator()(asio::ip::tcp::socket& s, const Buffers& b, Token&& t) const {
+  template <class Token>
+  auto operator()(asio::ip::tcp::socket& s, asio::mutable_buffer b, Token&& t) const {
     return asio::async_read(s, b, std::forward<Token>(t));
+  }
+  std::size_t now(asio::ip::tcp::socket& s, asio::mutable_buffer b, boost::system::error_code& ec) const {
+    const auto n = s.read_some(b, ec);
+    if (!ec && n == 0) ec = asio::error::eof;
+    return n;
   }
 };
 struct Writer {
-  template <class Buffers, class Token>
-  auto operator()(asio::ip::tcp::socket& s, const Buffers& b, Token&& t) const {
-    return asio::async_write(s, b, std::forward<Token>(t));
+  template <class Token>
+  auto operator()(asio::ip::tcp::socket& s, asio::mutable_buffer b, Token&& t) const {
+    return asio::async_write(s, asio::const_buffer(b), std::forward<Token>(t));
+  }
+  std::size_t now(asio::ip::tcp::socket& s, asio::mutable_buffer b, boost::system::error_code& ec) const {
+    return s.write_some(asio::const_buffer(b), ec);
   }
 };
 
@@ -62,6 +81,8 @@ FramedConnection::FramedConnection(asio::ip::tcp::socket socket, std::uint32_t m
   // each one back behind the delayed ACK of the previous answer.
   boost::system::error_code ignored;
   socket_.set_option(asio::ip::tcp::no_delay(true), ignored);
+  // Synchronous attempts answer would_block instead of waiting (transfer()).
+  socket_.non_blocking(true, ignored);
 }
 
 asio::awaitable<Result<Frame>> FramedConnection::read(std::chrono::milliseconds wait,
@@ -96,9 +117,8 @@ asio::awaitable<Result<Frame>> FramedConnection::read(std::chrono::milliseconds 
 }
 
 asio::awaitable<Result<void>> FramedConnection::write(const Frame& frame, std::chrono::milliseconds timeout) {
-  const auto bytes = encode_frame(frame);
-  const auto buffer = asio::buffer(bytes);
-  co_return co_await transfer(socket_, Writer{}, buffer, timeout, "writing a frame");
+  auto bytes = encode_frame(frame);
+  co_return co_await transfer(socket_, Writer{}, asio::buffer(bytes), timeout, "writing a frame");
 }
 
 void FramedConnection::close() noexcept {

@@ -7,6 +7,7 @@
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
@@ -334,7 +335,11 @@ struct Owner::State : std::enable_shared_from_this<State> {
     ++handshakes;
     const auto peer = co_await handshake(*connection, ok);
     --handshakes;
-    while (ok && connection->is_open()) {
+    for (std::uint64_t served = 1; ok && connection->is_open(); ++served) {
+      // Frames already buffered are read without suspending: give the other
+      // connections their turn now and then, so that one client streaming
+      // requests cannot hold the owner.
+      if (served % 8 == 0) co_await asio::post(executor, asio::use_awaitable);
       auto frame = co_await connection->read(config.idle_timeout, config.io_timeout);
       if (!frame) {
         if (frame.error().is(errc::protocol)) ++stats.refused_requests;
@@ -443,6 +448,7 @@ void Owner::stop() {
 OwnerStats Owner::stats() const {
   OwnerStats stats = state_->stats;
   stats.live_leases = state_->leases.size();
+  stats.open_connections = state_->connections.size();
   return stats;
 }
 

@@ -46,8 +46,11 @@ class TempTree : public ::testing::Test {
     std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   }
   static std::vector<char> read_file(const fs::path& path) {
-    std::ifstream in(path, std::ios::binary);
-    return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    std::error_code ec;
+    std::vector<char> bytes(static_cast<std::size_t>(fs::file_size(path, ec)));
+    if (ec) return {};
+    std::ifstream(path, std::ios::binary).read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    return bytes;
   }
 };
 
