@@ -5,6 +5,8 @@
 #include <corma/descriptor.hpp>
 
 #include <boost/asio/as_tuple.hpp>
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/experimental/channel.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -47,15 +49,25 @@ struct Consumer::State {
     turn.try_send(boost::system::error_code{});
   }
 
-  /// Sends one request and waits for the answer with the same id.
+  /// Sends one request and waits for the answer with the same id. A request
+  /// that does not end with its answer (a failed write or read, a deadline,
+  /// a cancellation) closes the connection: a half-written frame cannot be
+  /// taken back, and an unanswered request must never share the wire with
+  /// the next one.
   asio::awaitable<Result<Message>> request(Message message) {
     if (!connection || !connection->is_open()) co_return fail(errc::peer_unreachable, "connection to the owner is closed");
     const std::uint64_t id = next_request++;
     Frame frame{id, std::move(message)};
-    CORMA_CO_TRY(co_await connection->write(frame, config.io_timeout));
+    if (auto written = co_await connection->write(frame, config.io_timeout); !written) {
+      connection->close();
+      co_return std::move(written).error();
+    }
     for (int stale = 0; stale < 16; ++stale) {
       auto reply = co_await connection->read(config.io_timeout);
-      if (!reply) co_return std::move(reply).error();
+      if (!reply) {
+        connection->close();
+        co_return std::move(reply).error();
+      }
       // Request id 0 answers no request: the owner refuses the connection
       // itself (too many connections) before closing it.
       if (reply.value().request_id == 0) {
@@ -65,6 +77,7 @@ struct Consumer::State {
       if (auto* error = std::get_if<ErrorReply>(&reply.value().message)) co_return from_reply(*error);
       co_return std::move(reply.value().message);
     }
+    connection->close();
     co_return fail(errc::protocol, "owner keeps answering other requests");
   }
 
@@ -96,15 +109,26 @@ struct Consumer::State {
     co_return success();
   }
 
-  /// Keeps a lease alive while an RDMA transfer runs, until `done`.
+  /// Keeps a lease alive while an RDMA transfer runs, until `done`. When a
+  /// renewal fails, the owner (or the connection to it) is gone: the
+  /// transfer that depends on it is cancelled through `cancel_transfer`
+  /// rather than left to its own deadline, and the reason is kept in `lost`.
   asio::awaitable<void> renew_until(std::uint64_t lease, std::chrono::milliseconds interval, const bool& done,
-                                    asio::steady_timer& timer) {
+                                    asio::steady_timer& timer, asio::cancellation_signal& cancel_transfer,
+                                    std::optional<Error>& lost) {
     while (!done) {
       timer.expires_after(interval);
       co_await timer.async_wait(as_result);
       if (done) break;
       Renew renew{lease};
-      if (!co_await request(renew)) break;
+      auto renewed = co_await request(renew);
+      if (!renewed) {
+        lost = Error{errc::peer_unreachable, "lost the owner during the transfer: " + renewed.error().message()};
+        // Terminal: the get's bytes may still land, into a region that stays
+        // registered until the transfer really ends.
+        cancel_transfer.emit(asio::cancellation_type::terminal);
+        break;
+      }
       ++stats.renewals;
     }
   }
@@ -115,16 +139,24 @@ struct Consumer::State {
     CORMA_CO_TRY(auto descriptor, decode_descriptor(grant.descriptor));
     if (descriptor.len != grant.size) co_return fail(errc::protocol, "descriptor length differs from the object size");
     const auto remote = to_remote_region(descriptor);
+    // Renewing at least every second also bounds how long a dead owner goes
+    // unnoticed while the get runs.
+    const auto interval = std::clamp(std::chrono::milliseconds(grant.lease_timeout_ms / 3),
+                                     std::chrono::milliseconds(10), std::chrono::milliseconds(1000));
     bool done = false;
     asio::steady_timer renew_timer(executor);
-    const auto interval = std::max(std::chrono::milliseconds(10), std::chrono::milliseconds(grant.lease_timeout_ms / 3));
+    asio::cancellation_signal cancel_get;
+    std::optional<Error> lost;
     auto get_then_stop = [&]() -> asio::awaitable<Result<void>> {
-      auto got = co_await guard.async_get(*peer, remote, TransferRange{0, 0, grant.size}, asio::use_awaitable);
+      auto got = co_await guard.async_get(*peer, remote, TransferRange{0, 0, grant.size},
+                                          asio::bind_cancellation_slot(cancel_get.slot(), asio::use_awaitable));
       done = true;
       renew_timer.cancel();
       co_return got;
     };
-    co_return co_await (get_then_stop() && renew_until(grant.lease, interval, done, renew_timer));
+    auto got = co_await (get_then_stop() && renew_until(grant.lease, interval, done, renew_timer, cancel_get, lost));
+    if (!got && lost) co_return std::move(*lost);
+    co_return got;
   }
 
   /// The same into memory registered for this one transfer.
@@ -257,11 +289,20 @@ struct GiveBack {
   ~GiveBack();
 };
 
+/// Waits for the connection's turn. A fetch cancelled while it waits never
+/// held the turn and must not give one back: that would mint a second turn,
+/// and two fetches would then talk on one connection at once.
+asio::awaitable<Result<void>> take_turn(Consumer::State& state) {
+  auto [ec] = co_await state.turn.async_receive(as_result);
+  if (ec) co_return fail(errc::cancelled, "fetch cancelled while it waited for the connection");
+  co_return success();
+}
+
 }  // namespace
 
 asio::awaitable<Result<Fetched>> Consumer::async_fetch(std::string name) {
   auto state = state_;
-  co_await state->turn.async_receive(as_result);
+  CORMA_CO_TRY(co_await take_turn(*state));
   GiveBack give_back{*state};
   Fetched fetched;
   State::Destination fresh_buffer{[&fetched](std::uint64_t size) -> Result<std::span<std::byte>> {
@@ -276,7 +317,7 @@ asio::awaitable<Result<Fetched>> Consumer::async_fetch(std::string name) {
 
 asio::awaitable<Result<FetchOutcome>> Consumer::async_fetch_into(std::string name, RegionGuard& destination) {
   auto state = state_;
-  co_await state->turn.async_receive(as_result);
+  CORMA_CO_TRY(co_await take_turn(*state));
   GiveBack give_back{*state};
   State::Destination registered{[&destination](std::uint64_t size) -> Result<std::span<std::byte>> {
                                   if (!destination) return fail(errc::region_not_found, "destination is not registered");

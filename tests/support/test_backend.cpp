@@ -135,6 +135,7 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
   std::map<std::uint64_t, std::shared_ptr<MapOp>> maps;           // not yet answered
   std::map<std::uint64_t, std::shared_ptr<TransferOp>> transfers;  // not yet finished
   std::size_t held_count = 0;
+  std::size_t cancelled_transfers = 0;
   std::size_t handed_off = 0;
 
   template <class Predicate>
@@ -482,6 +483,7 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
       // The transfer itself runs on; only the caller is released.
       completion = std::move(it->second->completion);
       it->second->completion = {};
+      if (completion) ++cancelled_transfers;
     }
     if (completion) completion.dispatch(fail(errc::cancelled, "transfer cancelled"));
   }
@@ -593,6 +595,11 @@ void TestBackend::release_transfers() {
 std::size_t TestBackend::held_maps() const {
   std::lock_guard lock(state_->mutex);
   return state_->held_count;
+}
+
+std::size_t TestBackend::transfers_cancelled() const {
+  std::lock_guard lock(state_->mutex);
+  return state_->cancelled_transfers;
 }
 
 std::size_t TestBackend::transfers_in_flight() const {

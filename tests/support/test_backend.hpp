@@ -53,6 +53,9 @@ class TestBackend final : public RdmaBackend {
 
   [[nodiscard]] std::size_t held_maps() const;
   [[nodiscard]] std::size_t transfers_in_flight() const;
+  /// Transfers whose caller was released by a cancellation (the transfer
+  /// itself runs on), so far.
+  [[nodiscard]] std::size_t transfers_cancelled() const;
   /// Map results handed to their handlers' executors so far.
   [[nodiscard]] std::size_t maps_handed_off() const;
 

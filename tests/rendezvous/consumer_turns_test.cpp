@@ -1,0 +1,150 @@
+// The consumer's connection discipline: fetches take turns on one
+// connection (one request on the wire at a time, whatever is cancelled),
+// and a dead owner is noticed within seconds even while an RDMA get waits.
+#include "rendezvous/rendezvous_fixture.hpp"
+
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/cancellation_signal.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include <random>
+
+namespace {
+
+using namespace corma::testing::rendezvous;
+using corma::errc;
+
+/// An owner that answers every request after a short pause, and counts the
+/// requests that arrived while another was still unanswered.
+struct StrictOwner {
+  std::vector<std::byte> object = pattern(3000, 4);
+  int overlapping = 0;
+  int requests = 0;
+
+  asio::awaitable<void> serve(asio::ip::tcp::acceptor& acceptor) {
+    auto socket = co_await acceptor.async_accept(asio::use_awaitable);
+    rv::FramedConnection connection(std::move(socket), rv::default_max_frame_body);
+    asio::steady_timer pause(co_await asio::this_coro::executor);
+    std::uint64_t next_lease = 1;
+    for (;;) {
+      auto frame = co_await connection.read(std::chrono::seconds(5));
+      if (!frame) co_return;
+      ++requests;
+      pause.expires_after(std::chrono::microseconds(300));
+      co_await pause.async_wait(asio::as_tuple(asio::use_awaitable));
+      if (connection.socket().available() > 0) ++overlapping;  // the next request came before this answer
+      rv::Message reply = rv::Released{};
+      auto& message = frame.value().message;
+      if (std::holds_alternative<rv::Hello>(message)) {
+        reply = rv::HelloOk{};
+      } else if (std::holds_alternative<rv::Acquire>(message)) {
+        reply = rv::Chunked{next_lease++, object.size(), 1000, 10000, rv::ChunkedReason::no_offer};
+      } else if (auto* pull = std::get_if<rv::Pull>(&message)) {
+        const auto first = object.begin() + static_cast<std::ptrdiff_t>(pull->offset);
+        reply = rv::Data{pull->offset, std::vector<std::byte>(first, first + static_cast<std::ptrdiff_t>(pull->len))};
+      }
+      rv::Frame response{frame.value().request_id, std::move(reply)};
+      if (!co_await connection.write(response, std::chrono::seconds(5))) co_return;
+    }
+  }
+};
+
+struct Tally {
+  std::vector<int> answers;
+  int answered = 0;
+  int succeeded = 0;
+  int cancelled = 0;
+};
+
+/// One fetch, counted when it is answered. (Parameters, not lambda
+/// captures: a coroutine outlives the closure that started it.)
+asio::awaitable<void> fetch_and_count(corma::Consumer& consumer, std::uint64_t expected_size, Tally& tally, int i) {
+  auto r = co_await consumer.async_fetch("object");
+  ++tally.answers[static_cast<std::size_t>(i)];
+  ++tally.answered;
+  if (r) {
+    ++tally.succeeded;
+    EXPECT_EQ(r.value().size, expected_size);
+  } else if (r.error().is(errc::cancelled)) {
+    ++tally.cancelled;
+  }
+}
+
+TEST_F(Rendezvous, CancellingQueuedFetchesAtRandomNeverPutsTwoRequestsOnTheWire) {
+  StrictOwner strict;
+  asio::co_spawn(io, strict.serve(acceptor), asio::detached);
+  constexpr int fetches = 60;
+  Tally tally;
+  tally.answers.assign(fetches, 0);
+  corma::testing::run(io, [&]() -> asio::awaitable<void> {
+    auto consumer = (co_await connect(nullptr)).value();
+    std::vector<asio::cancellation_signal> signals(fetches);
+    std::vector<std::unique_ptr<asio::steady_timer>> cancellers;
+    std::mt19937 rng(7);
+    for (int i = 0; i < fetches; ++i) {
+      asio::co_spawn(io, fetch_and_count(*consumer, strict.object.size(), tally, i),
+                     asio::bind_cancellation_slot(signals[static_cast<std::size_t>(i)].slot(), asio::detached));
+      // Every other fetch is cancelled after a random short time, while it
+      // most likely still waits for its turn.
+      if (i % 2 == 1) {
+        auto timer = std::make_unique<asio::steady_timer>(io, std::chrono::microseconds(rng() % 20000));
+        timer->async_wait([&signals, i](boost::system::error_code) {
+          signals[static_cast<std::size_t>(i)].emit(asio::cancellation_type::terminal);
+        });
+        cancellers.push_back(std::move(timer));
+      }
+    }
+    asio::steady_timer wait(io);
+    while (tally.answered < fetches) {
+      wait.expires_after(std::chrono::milliseconds(2));
+      co_await wait.async_wait(asio::as_tuple(asio::use_awaitable));
+    }
+  }());
+  for (int i = 0; i < fetches; ++i) EXPECT_EQ(tally.answers[static_cast<std::size_t>(i)], 1) << "fetch " << i;
+  EXPECT_EQ(strict.overlapping, 0) << "of " << strict.requests << " requests";
+  EXPECT_GT(tally.cancelled, 0) << "no queued fetch was cancelled: the test did not test";
+  EXPECT_EQ(tally.succeeded + tally.cancelled, fetches) << "a fetch failed otherwise";
+}
+
+asio::awaitable<void> fetch_into(corma::Consumer& consumer, std::optional<corma::Result<corma::Fetched>>& outcome) {
+  outcome = co_await consumer.async_fetch("big");
+}
+
+TEST_F(Rendezvous, ADeadOwnerFailsAnRdmaFetchWithinSecondsNotAtTheTransferDeadline) {
+  start_owner();
+  consumer_backend->hold_transfers();  // the get never finishes by itself
+  std::optional<corma::Result<corma::Fetched>> outcome;
+  std::chrono::steady_clock::duration noticed{};
+  corma::testing::run(io, [&]() -> asio::awaitable<void> {
+    auto consumer = (co_await connect(consumer_registry)).value();
+    asio::co_spawn(io, fetch_into(*consumer, outcome), asio::detached);
+    asio::steady_timer wait(io);
+    while (consumer_backend->transfers_in_flight() == 0) {
+      wait.expires_after(std::chrono::milliseconds(1));
+      co_await wait.async_wait(asio::as_tuple(asio::use_awaitable));
+    }
+    owner->stop();  // closes every connection: the owner is gone
+    acceptor.close();
+    const auto stopped = std::chrono::steady_clock::now();
+    // The consumer must give up on the get by itself: it is cancelled.
+    while (consumer_backend->transfers_cancelled() == 0 &&
+           std::chrono::steady_clock::now() - stopped < std::chrono::seconds(10)) {
+      wait.expires_after(std::chrono::milliseconds(5));
+      co_await wait.async_wait(asio::as_tuple(asio::use_awaitable));
+    }
+    noticed = std::chrono::steady_clock::now() - stopped;
+    // The held transfer then ends (as a cancelled provider request does), and
+    // the fetch is answered once its destination is no longer registered.
+    consumer_backend->release_transfers();
+    while (!outcome) {
+      wait.expires_after(std::chrono::milliseconds(5));
+      co_await wait.async_wait(asio::as_tuple(asio::use_awaitable));
+    }
+  }());
+  ASSERT_TRUE(outcome.has_value());
+  ASSERT_FALSE(*outcome);
+  EXPECT_TRUE(outcome->error().is(errc::peer_unreachable)) << outcome->error().message();
+  EXPECT_LT(noticed, std::chrono::seconds(5)) << "the get was not cancelled when the owner went";
+}
+
+}  // namespace
