@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -395,13 +396,18 @@ void Backend::Engine::run_peer_close(const std::shared_ptr<VoidOp>& op, PeerId i
   auto it = peers.find(id);
   if (it == peers.end()) return answer(*op, success());  // idempotent
   ucp_ep_h ep = it->second.ep;
-  const bool broken = it->second.broken;
+  // A peer closed with transfers still in flight is one its user gave up
+  // on (its owner died, say): a flush would wait for them until their
+  // deadline. Forced, UCX fails them now, which unpins their regions.
+  const bool busy = std::any_of(transfers.begin(), transfers.end(),
+                                [id](const auto& t) { return t.second->request.peer == id; });
+  const bool force = it->second.broken || busy;
   forget_keys(it->second);
   peers.erase(it);
   if (ep == nullptr) return answer(*op, success());
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  param.flags = broken ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+  param.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
   void* request = ucp_ep_close_nbx(ep, &param);
   if (request == nullptr || UCS_PTR_IS_ERR(request)) return answer(*op, success());
   closing_endpoints.push_back(Closing{request, op, std::nullopt});

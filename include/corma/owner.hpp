@@ -98,7 +98,12 @@ class Owner {
   boost::asio::awaitable<void> serve(boost::asio::ip::tcp::acceptor& acceptor);
 
   /// Drains: new acquires are answered `chunked` (draining), connections are
-  /// closed, leases dropped (their registrations are released in the background).
+  /// closed, leases dropped. The registrations they used, and their bytes,
+  /// are kept until the Owner is destroyed: a peer may still be reading
+  /// them, and some providers serve a peer's read by copying on this side
+  /// whether or not the memory is still registered (UCX over shared memory
+  /// or tcp). So shut the backend down (which ends every peer) before
+  /// destroying a stopped Owner; the registry's shutdown releases them too.
   void stop();
 
   [[nodiscard]] OwnerStats stats() const;

@@ -11,6 +11,7 @@
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <boost/asio/use_awaitable.hpp>
 
 #include <cstdio>
 #include <optional>
@@ -18,6 +19,25 @@
 namespace corma::cli {
 
 namespace asio = boost::asio;
+
+namespace {
+
+/// The backend first: it closes its peers and stops serving their reads,
+/// then unmaps what is left, which answers the registry's deregistrations.
+/// Only then may the served bytes go. (UCX over shared memory and tcp
+/// serves a peer's get by copying from the target address on this side's
+/// progress thread, whether or not that memory is still registered: memory
+/// released while the backend still serves peers could be read after it
+/// was freed.) Then the registry, which finds nothing left to release.
+asio::awaitable<bool> shut_down(std::shared_ptr<Registry> registry, std::shared_ptr<RdmaBackend> backend) {
+  auto backend_done = co_await backend->async_shutdown(asio::use_awaitable);
+  if (!backend_done) std::fprintf(stderr, "corma serve: backend shutdown: %s\n", backend_done.error().message().c_str());
+  auto registry_done = co_await registry->async_shutdown(std::chrono::seconds(10), asio::use_awaitable);
+  if (!registry_done) std::fprintf(stderr, "corma serve: registry shutdown: %s\n", registry_done.error().message().c_str());
+  co_return registry_done && backend_done;
+}
+
+}  // namespace
 
 int run_serve(const ServeOptions& options) {
   auto snapshot_limit = parse_size(options.snapshot_limit);
@@ -31,6 +51,9 @@ int run_serve(const ServeOptions& options) {
       return 2;
     }
   }
+  // Declared first, destroyed last: nothing that may still post into it
+  // (registry, backend) outlives it.
+  asio::io_context io(1);
   auto backend = make_backend(options.transport);
   if (!backend) {
     std::fprintf(stderr, "corma serve: %s\n", backend.error().message().c_str());
@@ -38,7 +61,6 @@ int run_serve(const ServeOptions& options) {
   }
   auto registry = std::make_shared<Registry>(backend.value().backend, RegistryConfig{budget.value(), 0});
 
-  asio::io_context io(1);
   OwnerConfig owner_config;
   owner_config.max_connections = options.max_connections;
   owner_config.max_leases = options.max_leases;
@@ -77,17 +99,26 @@ int run_serve(const ServeOptions& options) {
   }
   std::fflush(stdout);
 
+  // Shutdown: stop serving (connections closed, leases dropped), then the
+  // backend, then the registry (see shut_down); the io_context runs until
+  // all of it is answered, and is destroyed only after both are done.
+  bool clean = false;
   asio::signal_set signals(io, SIGINT, SIGTERM);
-  signals.async_wait([&](boost::system::error_code, int) {
+  signals.async_wait([&](boost::system::error_code signalled, int) {
+    if (signalled) return;
     owner.stop();
     acceptor.close();
     if (metrics) metrics->close();
-    io.stop();
+    asio::co_spawn(io, shut_down(registry, backend.value().backend), [&](std::exception_ptr, bool ok) {
+      clean = ok;
+      io.stop();
+    });
   });
   asio::co_spawn(io, owner.serve(acceptor), asio::detached);
   io.run();
-  std::printf("corma serve: stopped\n");
-  return 0;
+  const auto live = backend.value().backend->live_registrations();
+  std::printf("corma serve: stopped; %zu live registrations\n", live.value_or(0));
+  return clean && live.value_or(0) == 0 ? 0 : 1;
 }
 
 }  // namespace corma::cli

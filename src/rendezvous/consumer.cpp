@@ -127,6 +127,13 @@ struct Consumer::State {
         // Terminal: the get's bytes may still land, into a region that stays
         // registered until the transfer really ends.
         cancel_transfer.emit(asio::cancellation_type::terminal);
+        // And the peer goes: its provider then fails the get for good (a
+        // cancelled request may otherwise run to its own deadline), which
+        // frees the destination's registration.
+        if (peer) {
+          const auto gone = *std::exchange(peer, std::nullopt);
+          (void)co_await registry->backend()->async_peer_close(gone, asio::use_awaitable);
+        }
         break;
       }
       ++stats.renewals;

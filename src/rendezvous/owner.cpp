@@ -85,6 +85,9 @@ struct Owner::State : std::enable_shared_from_this<State> {
   /// never scans every lease.
   std::unordered_map<std::uint64_t, std::unordered_set<std::uint64_t>> session_leases;
   std::size_t handshakes = 0;  // connections that have not finished their hello
+  /// Exports whose leases stop() dropped, kept (registered, bytes alive)
+  /// until the Owner goes: see Owner::stop().
+  std::vector<std::shared_ptr<Export>> retired;
   std::map<std::string, std::weak_ptr<Export>, std::less<>> exports;
   /// Published objects kept registered between leases (config.cache_exports),
   /// least recently used first.
@@ -440,6 +443,10 @@ void Owner::stop() {
   state.draining = true;
   state.reaper.cancel();
   for (const auto& connection : state.connections) connection->close();
+  for (auto& [id, lease] : state.leases) {
+    if (lease.exported) state.retired.push_back(std::move(lease.exported));
+  }
+  for (auto& [name, exported] : state.cached_exports) state.retired.push_back(std::move(exported));
   state.leases.clear();
   state.session_leases.clear();
   state.cached_exports.clear();

@@ -199,4 +199,25 @@ TEST_F(HostileClients, AFreshFetchIsQuickWhileAThousandConnectionsHoldSixtyFourL
   EXPECT_TRUE(read_file(base / "fresh.out") == random_bytes(20000, 6));
 }
 
+TEST_F(HostileClients, SigtermWithFetchesInFlightExitsCleanlyWithNoRegistrationLeft) {
+  write_file(root / "big.bin", random_bytes(64 << 20, 7));
+  auto server = serve({"--transport", "shm"});
+  const std::string owner = "127.0.0.1:" + port_after(server.captured, "listening on");
+  const auto metrics_port = port_of(server, "http://127.0.0.1");
+  std::vector<Process> fetches;
+  for (int i = 0; i < 4; ++i) {
+    const auto out = base / ("out" + std::to_string(i));
+    std::vector<std::string> args = {binary, "get", owner, "big.bin", "-o", out.string(), "--transport", "shm"};
+    if (i % 2 == 0) args.emplace_back("--no-rdma");
+    fetches.push_back(Process::start(args));
+  }
+  ASSERT_TRUE(wait_metric(metrics_port, "corma_owner_live_leases", 1));
+  ::kill(server.pid, SIGTERM);
+  const auto status = server.wait_exit(std::chrono::seconds(20));
+  ASSERT_TRUE(status.has_value()) << "serve did not stop: " << server.captured;
+  EXPECT_EQ(*status, 0) << server.captured;
+  EXPECT_NE(server.captured.find("stopped; 0 live registrations"), std::string::npos) << server.captured;
+  for (auto& fetch : fetches) EXPECT_TRUE(fetch.wait_exit(std::chrono::seconds(20)).has_value());
+}
+
 }  // namespace

@@ -22,6 +22,7 @@
 #include <fstream>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 extern char** environ;
@@ -106,6 +107,13 @@ struct Process {
     wait_for_output("\x01", std::chrono::milliseconds(200));  // drain what is left
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   }
+
+  Process() = default;
+  Process(const Process&) = delete;
+  Process& operator=(const Process&) = delete;
+  // Moving hands the child over: only one Process ever kills and reaps it.
+  Process(Process&& other) noexcept
+      : pid(std::exchange(other.pid, -1)), output(std::exchange(other.output, -1)), captured(std::move(other.captured)) {}
 
   ~Process() {
     if (pid > 0) {
