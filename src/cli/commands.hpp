@@ -17,6 +17,7 @@ struct ServeOptions {
   std::size_t max_connections = 1024;
   std::size_t max_handshakes = 128;
   std::size_t max_leases = 65536;
+  double lease_timeout_s = 10;  ///< a lease lapses this long after its last acquire, renew or pull
   TransportOptions transport;
 };
 

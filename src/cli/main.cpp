@@ -28,6 +28,10 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--max-handshakes", serve.max_handshakes,
                         "connections that have not said hello yet, at most; more are refused")
       ->capture_default_str();
+  serve_cmd->add_option("--lease-timeout", serve.lease_timeout_s,
+                        "seconds a lease lives after its last acquire, renew or pull")
+      ->check(CLI::Range(0.1, 3600.0))
+      ->capture_default_str();
   serve_cmd->add_option("--max-leases", serve.max_leases, "leases held at once over all connections")
       ->capture_default_str();
 

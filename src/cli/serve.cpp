@@ -65,6 +65,7 @@ int run_serve(const ServeOptions& options) {
   owner_config.max_connections = options.max_connections;
   owner_config.max_leases = options.max_leases;
   owner_config.max_handshakes = options.max_handshakes;
+  owner_config.lease_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(options.lease_timeout_s * 1000));
   Owner owner(io.get_executor(), registry, owner_config);
   owner.set_resolver(std::move(resolver).value());
 
