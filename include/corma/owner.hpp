@@ -70,7 +70,7 @@ struct OwnerStats {
   std::uint64_t not_found = 0;
   std::uint64_t pulls = 0;
   std::uint64_t pulled_bytes = 0;
-  std::uint64_t refused_requests = 0;  ///< forged leases, out-of-range pulls, malformed frames
+  std::uint64_t refused_requests = 0;  ///< forged leases and renews, out-of-range pulls, bad versions, malformed frames
   std::uint64_t leases_expired = 0;
   std::uint64_t leases_released = 0;
   std::uint64_t live_leases = 0;

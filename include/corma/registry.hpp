@@ -33,6 +33,7 @@ struct RegistryConfig {
 struct LatencyHistogram {
   static constexpr std::size_t bucket_count = 24;
   std::array<std::uint64_t, bucket_count> counts{};
+  std::chrono::nanoseconds sum{0};  ///< of every latency counted
 
   [[nodiscard]] std::uint64_t total() const noexcept;
   /// Upper bound of the bucket holding the q-quantile (0 < q <= 1).

@@ -8,7 +8,12 @@
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http.hpp>
 
-#include <sstream>
+#include <prometheus/text_serializer.h>
+
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <optional>
 
 namespace corma::cli {
 
@@ -16,46 +21,154 @@ namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace http = beast::http;
 
-std::string render_metrics(const OwnerStats& owner, const RegistryStats* registry) {
-  std::ostringstream out;
-  out << "# TYPE corma_owner_decisions_total counter\n";
-  out << "corma_owner_decisions_total{path=\"rdma\",reason=\"granted\"} " << owner.decisions.rdma << "\n";
+namespace {
+
+using prometheus::BuildCounter;
+using prometheus::BuildGauge;
+
+/// Advances `counter` to `value`; a counter never goes back.
+void advance(prometheus::Counter& counter, std::uint64_t value) {
+  const auto target = static_cast<double>(value);
+  if (target > counter.Value()) counter.Increment(target - counter.Value());
+}
+
+/// The latency histogram's upper bounds in seconds: 1 µs, 2 µs, ... (the
+/// last bucket of LatencyHistogram is +Inf).
+prometheus::Histogram::BucketBoundaries latency_bounds() {
+  prometheus::Histogram::BucketBoundaries bounds;
+  for (std::size_t i = 0; i + 1 < LatencyHistogram::bucket_count; ++i) {
+    bounds.push_back(std::ldexp(1e-6, static_cast<int>(i)));
+  }
+  return bounds;
+}
+
+}  // namespace
+
+template <class Stats>
+void OwnerMetrics::Bound<Stats>::update(const Stats& stats) const {
+  for (const auto& [counter, field] : counters) advance(*counter, stats.*field);
+  for (const auto& [gauge, field] : gauges) gauge->Set(static_cast<double>(stats.*field));
+}
+
+OwnerMetrics::OwnerMetrics(bool with_registry) {
+  auto counter = [this](const char* name, const char* help) -> auto& {
+    return BuildCounter().Name(name).Help(help).Register(families_);
+  };
+  auto gauge = [this](const char* name, const char* help) -> auto& {
+    return BuildGauge().Name(name).Help(help).Register(families_);
+  };
+  auto owner_counter = [&](const char* name, const char* help, std::uint64_t OwnerStats::*field) {
+    owner_.counters.emplace_back(&counter(name, help).Add({}), field);
+  };
+  auto owner_gauge = [&](const char* name, const char* help, std::uint64_t OwnerStats::*field) {
+    owner_.gauges.emplace_back(&gauge(name, help).Add({}), field);
+  };
+
+  decisions_ = &counter("corma_owner_decisions_total",
+                        "Acquire requests answered with a lease, by path (rdma or chunked) and the reason for it.");
+  granted_ = &decisions_->Add({{"path", "rdma"}, {"reason", "granted"}});
+  owner_counter("corma_owner_not_found_total", "Acquire requests for a name the owner does not serve.",
+                &OwnerStats::not_found);
+  owner_counter("corma_owner_pulls_total", "Chunks sent in answer to pulls.", &OwnerStats::pulls);
+  owner_counter("corma_owner_pulled_bytes_total", "Bytes sent in answer to pulls.", &OwnerStats::pulled_bytes);
+  owner_counter("corma_owner_refused_requests_total",
+                "Requests refused: forged leases and renews, out-of-range pulls, unsupported protocol versions, "
+                "malformed frames, lease caps.",
+                &OwnerStats::refused_requests);
+  owner_counter("corma_owner_leases_expired_total", "Leases ended because they were not renewed in time.",
+                &OwnerStats::leases_expired);
+  owner_counter("corma_owner_leases_released_total", "Leases ended by the consumer's release.",
+                &OwnerStats::leases_released);
+  owner_counter("corma_owner_connections_total", "Connections accepted.", &OwnerStats::connections);
+  owner_counter("corma_owner_refused_connections_total",
+                "Connections turned away at the connection or handshake cap.", &OwnerStats::refused_connections);
+  owner_counter("corma_owner_exports_registered_total", "Registrations made to export an object for RDMA leases.",
+                &OwnerStats::exports_registered);
+  owner_counter("corma_owner_exports_evicted_total",
+                "Cached exports deregistered to make room in the registration budget.",
+                &OwnerStats::exports_evicted);
+  owner_gauge("corma_owner_open_connections", "Connections being served now.", &OwnerStats::open_connections);
+  owner_gauge("corma_owner_live_leases", "Leases held by consumers now.", &OwnerStats::live_leases);
+  if (!with_registry) return;
+
+  auto registry_counter = [&](prometheus::Family<prometheus::Counter>& family, const prometheus::Labels& labels,
+                              std::uint64_t RegistryStats::*field) {
+    registry_.counters.emplace_back(&family.Add(labels), field);
+  };
+  auto registry_gauge = [&](const char* name, const char* help, std::uint64_t RegistryStats::*field) {
+    registry_.gauges.emplace_back(&gauge(name, help).Add({}), field);
+  };
+  registry_gauge("corma_registry_budget_bytes", "Bytes the registry may keep registered at once.",
+                 &RegistryStats::budget_bytes);
+  registry_gauge("corma_registry_registered_bytes", "Bytes (whole pages) registered for live regions.",
+                 &RegistryStats::registered_bytes);
+  registry_gauge("corma_registry_reserved_bytes", "Bytes of the budget held for registrations in progress.",
+                 &RegistryStats::reserved_bytes);
+  registry_gauge("corma_registry_regions", "Live registered regions.", &RegistryStats::regions);
+  registry_counter(counter("corma_registry_registrations_total", "Successful registrations."), {},
+                   &RegistryStats::registrations);
+  registry_counter(counter("corma_registry_deregistrations_total", "Confirmed deregistrations."), {},
+                   &RegistryStats::deregistrations);
+  auto& failed = counter("corma_registry_failed_registrations_total",
+                         "Registrations that did not succeed, by reason: budget_exceeded, shutting_down, invalid "
+                         "(a bad range), cancelled, backend (the backend refused).");
+  registry_counter(failed, {{"reason", "budget_exceeded"}}, &RegistryStats::refused_budget);
+  registry_counter(failed, {{"reason", "shutting_down"}}, &RegistryStats::refused_shutting_down);
+  registry_counter(failed, {{"reason", "invalid"}}, &RegistryStats::refused_invalid);
+  registry_counter(failed, {{"reason", "cancelled"}}, &RegistryStats::cancelled);
+  registry_counter(failed, {{"reason", "backend"}}, &RegistryStats::failed_backend);
+  registry_counter(counter("corma_registry_unconfirmed_unmaps_total",
+                           "Deregistrations the backend did not confirm."),
+                   {}, &RegistryStats::unconfirmed_unmaps);
+  registry_counter(counter("corma_registry_leaked_owned_buffers_total",
+                           "Registry-owned buffers never freed because their release was not confirmed."),
+                   {}, &RegistryStats::leaked_owned_buffers);
+  latency_ = &prometheus::BuildHistogram()
+                  .Name("corma_registration_latency_seconds")
+                  .Help("Time each successful registration took, from the request to the registered region.")
+                  .Register(families_)
+                  .Add({}, latency_bounds());
+}
+
+void OwnerMetrics::update(const OwnerStats& owner, const RegistryStats* registry) {
+  advance(*granted_, owner.decisions.rdma);
   for (const auto& [reason, count] : owner.decisions.chunked_by_reason) {
-    out << "corma_owner_decisions_total{path=\"chunked\",reason=\"" << reason << "\"} " << count << "\n";
+    advance(decisions_->Add({{"path", "chunked"}, {"reason", reason}}), count);
   }
-  out << "# TYPE corma_owner_not_found_total counter\ncorma_owner_not_found_total " << owner.not_found << "\n";
-  out << "# TYPE corma_owner_pulled_bytes_total counter\ncorma_owner_pulled_bytes_total " << owner.pulled_bytes << "\n";
-  out << "# TYPE corma_owner_refused_requests_total counter\ncorma_owner_refused_requests_total "
-      << owner.refused_requests << "\n";
-  out << "# TYPE corma_owner_refused_connections_total counter\ncorma_owner_refused_connections_total "
-      << owner.refused_connections << "\n";
-  out << "# TYPE corma_owner_leases_expired_total counter\ncorma_owner_leases_expired_total "
-      << owner.leases_expired << "\n";
-  out << "# TYPE corma_owner_open_connections gauge\ncorma_owner_open_connections " << owner.open_connections
-      << "\n";
-  out << "# TYPE corma_owner_live_leases gauge\ncorma_owner_live_leases " << owner.live_leases << "\n";
-  if (registry != nullptr) {
-    out << "# TYPE corma_registry_registered_bytes gauge\ncorma_registry_registered_bytes "
-        << registry->registered_bytes << "\n";
-    out << "# TYPE corma_registry_budget_bytes gauge\ncorma_registry_budget_bytes " << registry->budget_bytes << "\n";
-    out << "# TYPE corma_registry_regions gauge\ncorma_registry_regions " << registry->regions << "\n";
-    out << "# TYPE corma_registration_latency_us histogram\n";
-    std::uint64_t cumulative = 0;
-    const auto& counts = registry->registration_latency.counts;
-    for (std::size_t i = 0; i + 1 < counts.size(); ++i) {
-      cumulative += counts[i];
-      out << "corma_registration_latency_us_bucket{le=\"" << (std::uint64_t{1} << i) << "\"} " << cumulative << "\n";
+  owner_.update(owner);
+  if (registry == nullptr || latency_ == nullptr) return;
+  registry_.update(*registry);
+  // The histogram takes what was added since the last scrape.
+  const auto& now = registry->registration_latency;
+  std::vector<double> added(LatencyHistogram::bucket_count);
+  for (std::size_t i = 0; i < added.size(); ++i) {
+    if (now.counts[i] > last_latency_.counts[i]) {
+      added[i] = static_cast<double>(now.counts[i] - last_latency_.counts[i]);
+      last_latency_.counts[i] = now.counts[i];
     }
-    cumulative += counts.back();
-    out << "corma_registration_latency_us_bucket{le=\"+Inf\"} " << cumulative << "\n";
-    out << "corma_registration_latency_us_count " << cumulative << "\n";
   }
-  return out.str();
+  std::chrono::duration<double> added_sum{0};
+  if (now.sum > last_latency_.sum) {
+    added_sum = now.sum - last_latency_.sum;
+    last_latency_.sum = now.sum;
+  }
+  latency_->ObserveMultiple(added, added_sum.count());
+}
+
+std::string OwnerMetrics::render() const {
+  return prometheus::TextSerializer().Serialize(families_.Collect());
+}
+
+std::string render_metrics(const OwnerStats& owner, const RegistryStats* registry) {
+  OwnerMetrics metrics(registry != nullptr);
+  metrics.update(owner, registry);
+  return metrics.render();
 }
 
 namespace {
 
-asio::awaitable<void> answer(asio::ip::tcp::socket socket, const Owner& owner, const Registry* registry) {
+asio::awaitable<void> answer(asio::ip::tcp::socket socket, std::shared_ptr<OwnerMetrics> metrics, const Owner& owner,
+                             const Registry* registry) {
   beast::tcp_stream stream(std::move(socket));
   beast::flat_buffer buffer;
   http::request<http::string_body> request;
@@ -67,9 +180,10 @@ asio::awaitable<void> answer(asio::ip::tcp::socket socket, const Owner& owner, c
   response.keep_alive(false);
   if (request.method() == http::verb::get && request.target() == "/metrics") {
     response.result(http::status::ok);
-    response.set(http::field::content_type, "text/plain; version=0.0.4");
+    response.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
     const auto registry_stats = registry != nullptr ? std::optional(registry->stats()) : std::nullopt;
-    response.body() = render_metrics(owner.stats(), registry_stats ? &*registry_stats : nullptr);
+    metrics->update(owner.stats(), registry_stats ? &*registry_stats : nullptr);
+    response.body() = metrics->render();
   } else {
     response.result(http::status::not_found);
     response.body() = "try /metrics\n";
@@ -83,13 +197,15 @@ asio::awaitable<void> answer(asio::ip::tcp::socket socket, const Owner& owner, c
 }  // namespace
 
 asio::awaitable<void> serve_metrics(asio::ip::tcp::acceptor& acceptor, const Owner& owner, const Registry* registry) {
+  // Shared with the answers, which may finish after this loop ends.
+  auto metrics = std::make_shared<OwnerMetrics>(registry != nullptr);
   for (;;) {
     auto [ec, socket] = co_await acceptor.async_accept(asio::as_tuple(asio::use_awaitable));
     if (ec) {
       if (!acceptor.is_open() || ec == asio::error::operation_aborted) co_return;
       continue;
     }
-    asio::co_spawn(acceptor.get_executor(), answer(std::move(socket), owner, registry), asio::detached);
+    asio::co_spawn(acceptor.get_executor(), answer(std::move(socket), metrics, owner, registry), asio::detached);
   }
 }
 

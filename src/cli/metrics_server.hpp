@@ -1,5 +1,5 @@
-// Prometheus text metrics over HTTP (Boost.Beast): path and reason counters,
-// registered bytes, budget, live leases, registration latency.
+// Prometheus metrics over HTTP (Boost.Beast): the owner's and the registry's
+// counters as prometheus-cpp families, serialised in the text format.
 #pragma once
 
 #include <corma/owner.hpp>
@@ -8,11 +8,49 @@
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/ip/tcp.hpp>
 
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace corma::cli {
 
-/// The metrics page for an owner and its registry (registry may be null).
+/// The families of one owner and, when there is one, its registry. Each
+/// scrape brings them to a snapshot: gauges take its values, counters and
+/// the latency histogram advance by what it added since the last one, so
+/// they never go backwards.
+class OwnerMetrics {
+ public:
+  explicit OwnerMetrics(bool with_registry);
+
+  void update(const OwnerStats& owner, const RegistryStats* registry);
+  /// The text exposition format (version 0.0.4).
+  [[nodiscard]] std::string render() const;
+
+ private:
+  template <class Stats>
+  struct Bound {
+    std::vector<std::pair<prometheus::Counter*, std::uint64_t Stats::*>> counters;
+    std::vector<std::pair<prometheus::Gauge*, std::uint64_t Stats::*>> gauges;
+    void update(const Stats& stats) const;
+  };
+
+  prometheus::Registry families_;
+  prometheus::Family<prometheus::Counter>* decisions_ = nullptr;
+  prometheus::Counter* granted_ = nullptr;
+  Bound<OwnerStats> owner_;
+  Bound<RegistryStats> registry_;
+  prometheus::Histogram* latency_ = nullptr;
+  LatencyHistogram last_latency_;
+};
+
+/// The metrics page for an owner and its registry (registry may be null), from a fresh set of families.
 [[nodiscard]] std::string render_metrics(const OwnerStats& owner, const RegistryStats* registry);
 
 /// Serves GET /metrics on `acceptor` until it is closed.

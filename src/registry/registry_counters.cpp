@@ -5,9 +5,9 @@
 namespace corma {
 
 std::uint64_t LatencyHistogram::total() const noexcept {
-  std::uint64_t sum = 0;
-  for (auto c : counts) sum += c;
-  return sum;
+  std::uint64_t n = 0;
+  for (auto c : counts) n += c;
+  return n;
 }
 
 std::size_t LatencyHistogram::bucket_for(std::chrono::nanoseconds latency) noexcept {
@@ -32,6 +32,8 @@ namespace detail {
 
 void RegistryCounters::record_latency(std::chrono::nanoseconds elapsed) noexcept {
   bump(latency[LatencyHistogram::bucket_for(elapsed)]);
+  latency_sum_ns.fetch_add(static_cast<std::uint64_t>(std::max<std::int64_t>(0, elapsed.count())),
+                           std::memory_order_relaxed);
 }
 
 void RegistryCounters::record_failure(const Error& error) noexcept {
@@ -63,6 +65,7 @@ void RegistryCounters::snapshot(RegistryStats& stats) const noexcept {
   for (std::size_t i = 0; i < latency.size(); ++i) {
     stats.registration_latency.counts[i] = latency[i].load(relaxed);
   }
+  stats.registration_latency.sum = std::chrono::nanoseconds{static_cast<std::int64_t>(latency_sum_ns.load(relaxed))};
 }
 
 }  // namespace detail

@@ -24,6 +24,7 @@ struct RegistryCounters {
   Counter unconfirmed_unmaps{0};
   Counter leaked_owned_buffers{0};
   std::array<Counter, LatencyHistogram::bucket_count> latency{};
+  Counter latency_sum_ns{0};
 
   static void bump(Counter& c) noexcept { c.fetch_add(1, std::memory_order_relaxed); }
   void record_latency(std::chrono::nanoseconds elapsed) noexcept;

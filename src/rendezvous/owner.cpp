@@ -273,7 +273,10 @@ struct Owner::State : std::enable_shared_from_this<State> {
 
   Message renew(std::uint64_t session, const Renew& request) {
     Lease* lease = lease_of(session, request.lease);
-    if (lease == nullptr) return error_reply(Error{errc::region_not_found, "no such lease on this connection"});
+    if (lease == nullptr) {
+      ++stats.refused_requests;
+      return error_reply(Error{errc::region_not_found, "no such lease on this connection"});
+    }
     refresh(*lease);
     return Renewed{static_cast<std::uint32_t>(config.lease_timeout.count())};
   }
@@ -309,6 +312,7 @@ struct Owner::State : std::enable_shared_from_this<State> {
     HelloOk answer;
     std::optional<PeerId> peer;
     if (hello.version != protocol_version) {
+      ++stats.refused_requests;
       Frame refusal{first.value().request_id, ErrorReply{static_cast<std::uint16_t>(errc::protocol),
                                                          "unsupported protocol version"}};
       co_await connection.write(refusal, config.io_timeout);

@@ -24,8 +24,13 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
+#include <map>
 #include <random>
+#include <sstream>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 extern char** environ;
@@ -88,22 +93,140 @@ TEST_F(TempTree, ResolverServesOnlyWhatIsUnderTheRoot) {
   EXPECT_FALSE(FileResolver::create(base / "nowhere"));
 }
 
+/// The "# TYPE name kind" lines of a metrics page: name → kind.
+std::map<std::string, std::string> families_of(const std::string& page) {
+  std::map<std::string, std::string> families;
+  std::istringstream lines(page);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("# TYPE ", 0) != 0) continue;
+    const auto space = line.find(' ', 7);
+    families[line.substr(7, space - 7)] = line.substr(space + 1);
+  }
+  return families;
+}
+
+bool has_line(const std::string& page, const std::string& line) {
+  return ("\n" + page).find("\n" + line + "\n") != std::string::npos;
+}
+
 TEST(Metrics, RenderPathsReasonsAndRegistryFigures) {
   corma::OwnerStats owner;
   owner.decisions.rdma = 3;
   owner.decisions.chunked_by_reason["budget"] = 2;
   owner.live_leases = 1;
+  owner.pulled_bytes = 3 << 20;
+  owner.refused_requests = 7;
   corma::RegistryStats registry;
   registry.registered_bytes = 8192;
   registry.budget_bytes = 65536;
-  registry.registration_latency.counts[2] = 5;
+  registry.refused_budget = 4;
+  registry.registration_latency.counts[2] = 5;  // [2, 4) µs
+  registry.registration_latency.sum = std::chrono::microseconds(15);
   const auto text = render_metrics(owner, &registry);
-  EXPECT_NE(text.find("corma_owner_decisions_total{path=\"rdma\",reason=\"granted\"} 3"), std::string::npos);
-  EXPECT_NE(text.find("corma_owner_decisions_total{path=\"chunked\",reason=\"budget\"} 2"), std::string::npos);
-  EXPECT_NE(text.find("corma_owner_live_leases 1"), std::string::npos);
-  EXPECT_NE(text.find("corma_registry_registered_bytes 8192"), std::string::npos);
-  EXPECT_NE(text.find("corma_registry_budget_bytes 65536"), std::string::npos);
-  EXPECT_NE(text.find("corma_registration_latency_us_count 5"), std::string::npos);
+  for (const char* line : {
+           R"(corma_owner_decisions_total{path="rdma",reason="granted"} 3)",
+           R"(corma_owner_decisions_total{path="chunked",reason="budget"} 2)",
+           "corma_owner_live_leases 1",
+           "corma_owner_pulled_bytes_total 3145728",
+           "corma_owner_refused_requests_total 7",
+           "corma_registry_registered_bytes 8192",
+           "corma_registry_budget_bytes 65536",
+           R"(corma_registry_failed_registrations_total{reason="budget_exceeded"} 4)",
+           // The latency in seconds: buckets up to 2^22 µs, then +Inf; _sum and _count.
+           R"(corma_registration_latency_seconds_bucket{le="2e-06"} 0)",
+           R"(corma_registration_latency_seconds_bucket{le="4e-06"} 5)",
+           R"(corma_registration_latency_seconds_bucket{le="4.194304"} 5)",
+           R"(corma_registration_latency_seconds_bucket{le="+Inf"} 5)",
+           "corma_registration_latency_seconds_sum 1.5e-05",
+           "corma_registration_latency_seconds_count 5",
+       }) {
+    EXPECT_TRUE(has_line(text, line)) << line << "\nin:\n" << text;
+  }
+  EXPECT_EQ(text.find("_us"), std::string::npos) << text;
+}
+
+TEST(Metrics, EveryFamilyHasHelpAndItsUnitInTheName) {
+  const corma::RegistryStats registry;
+  const auto text = render_metrics(corma::OwnerStats{}, &registry);
+  const std::map<std::string, std::string> expected = {
+      {"corma_owner_decisions_total", "counter"},
+      {"corma_owner_not_found_total", "counter"},
+      {"corma_owner_pulls_total", "counter"},
+      {"corma_owner_pulled_bytes_total", "counter"},
+      {"corma_owner_refused_requests_total", "counter"},
+      {"corma_owner_leases_expired_total", "counter"},
+      {"corma_owner_leases_released_total", "counter"},
+      {"corma_owner_connections_total", "counter"},
+      {"corma_owner_refused_connections_total", "counter"},
+      {"corma_owner_exports_registered_total", "counter"},
+      {"corma_owner_exports_evicted_total", "counter"},
+      {"corma_owner_open_connections", "gauge"},
+      {"corma_owner_live_leases", "gauge"},
+      {"corma_registry_budget_bytes", "gauge"},
+      {"corma_registry_registered_bytes", "gauge"},
+      {"corma_registry_reserved_bytes", "gauge"},
+      {"corma_registry_regions", "gauge"},
+      {"corma_registry_registrations_total", "counter"},
+      {"corma_registry_deregistrations_total", "counter"},
+      {"corma_registry_failed_registrations_total", "counter"},
+      {"corma_registry_unconfirmed_unmaps_total", "counter"},
+      {"corma_registry_leaked_owned_buffers_total", "counter"},
+      {"corma_registration_latency_seconds", "histogram"},
+  };
+  const auto families = families_of(text);
+  EXPECT_EQ(families, expected) << text;
+  for (const auto& [name, kind] : families) {
+    const auto help = text.find("# HELP " + name + " ");
+    EXPECT_NE(help, std::string::npos) << name << " has no HELP";
+    EXPECT_GT(text.find('\n', help), help + name.size() + 8) << name << "'s HELP is empty";
+    EXPECT_EQ(kind == "counter", name.ends_with("_total")) << name;
+    if (name.find("bytes") != std::string::npos) {
+      EXPECT_TRUE(name.ends_with(kind == "counter" ? "_bytes_total" : "_bytes")) << name;
+    }
+    if (kind == "histogram") {
+      EXPECT_TRUE(name.ends_with("_seconds")) << name;
+    }
+  }
+  // Without a registry, only the owner's families.
+  for (const auto& [name, kind] : families_of(render_metrics(corma::OwnerStats{}, nullptr))) {
+    EXPECT_EQ(name.rfind("corma_owner_", 0), 0u) << name;
+  }
+}
+
+TEST(Metrics, ScrapesFollowTheSnapshotsAndCountersNeverGoBack) {
+  OwnerMetrics metrics(true);
+  corma::OwnerStats owner;
+  corma::RegistryStats registry;
+  owner.pulled_bytes = 100;
+  owner.live_leases = 4;
+  registry.registration_latency.counts[0] = 2;
+  registry.registration_latency.sum = std::chrono::nanoseconds(1500);
+  metrics.update(owner, &registry);
+  metrics.update(owner, &registry);  // the same snapshot again adds nothing
+  auto text = metrics.render();
+  EXPECT_TRUE(has_line(text, "corma_owner_pulled_bytes_total 100")) << text;
+  EXPECT_TRUE(has_line(text, "corma_owner_live_leases 4")) << text;
+  EXPECT_TRUE(has_line(text, "corma_registration_latency_seconds_count 2")) << text;
+  EXPECT_TRUE(has_line(text, "corma_registration_latency_seconds_sum 1.5e-06")) << text;
+
+  // A smaller snapshot: the gauge follows it, the counter holds.
+  owner.pulled_bytes = 50;
+  owner.live_leases = 1;
+  metrics.update(owner, &registry);
+  text = metrics.render();
+  EXPECT_TRUE(has_line(text, "corma_owner_pulled_bytes_total 100")) << text;
+  EXPECT_TRUE(has_line(text, "corma_owner_live_leases 1")) << text;
+
+  owner.pulled_bytes = 250;
+  owner.decisions.chunked_by_reason["no_offer"] = 1;
+  registry.registration_latency.counts[3] = 1;
+  registry.registration_latency.sum = std::chrono::nanoseconds(6500);
+  metrics.update(owner, &registry);
+  text = metrics.render();
+  EXPECT_TRUE(has_line(text, "corma_owner_pulled_bytes_total 250")) << text;
+  EXPECT_TRUE(has_line(text, R"(corma_owner_decisions_total{path="chunked",reason="no_offer"} 1)")) << text;
+  EXPECT_TRUE(has_line(text, "corma_registration_latency_seconds_count 3")) << text;
+  EXPECT_TRUE(has_line(text, "corma_registration_latency_seconds_sum 6.5e-06")) << text;
 }
 
 // ---- two processes ----
@@ -162,6 +285,58 @@ TEST_F(TwoProcesses, KillingTheServerMidTransferFailsTheGetQuickly) {
   EXPECT_LT(std::chrono::steady_clock::now() - killed, std::chrono::seconds(5));
   EXPECT_NE(get.captured.find("corma get: huge.bin:"), std::string::npos) << get.captured;
   EXPECT_NE(get.captured.find("peer"), std::string::npos) << get.captured;
+}
+
+/// Where `name` is found on PATH, or empty.
+std::string find_on_path(const std::string& name) {
+  const char* path = std::getenv("PATH");
+  std::string_view dirs = path != nullptr ? path : "";
+  while (!dirs.empty()) {
+    const auto colon = dirs.find(':');
+    const auto candidate = fs::path(std::string(dirs.substr(0, colon))) / name;
+    if (!candidate.parent_path().empty() && ::access(candidate.c_str(), X_OK) == 0) return candidate.string();
+    if (colon == std::string_view::npos) break;
+    dirs.remove_prefix(colon + 1);
+  }
+  return {};
+}
+
+TEST_F(TwoProcesses, PromtoolAcceptsTheServedMetrics) {
+  const auto promtool = find_on_path("promtool");
+  if (promtool.empty()) {
+    GTEST_SKIP() << "promtool is not on PATH (it comes with Debian's prometheus package, which scripts/setup "
+                    "leaves out: it installs and starts a Prometheus server); the page was not checked by promtool";
+  }
+  write_file(root / "big.bin", std::vector<char>(1 << 20, 'b'));
+  write_file(root / "small.bin", std::vector<char>(100, 's'));
+  auto server = serve({"--trusted-peers"});
+  const std::string owner = "127.0.0.1:" + port_after(server.captured, "listening on");
+  const auto metrics_port = static_cast<unsigned short>(std::stoi(port_after(server.captured, "http://127.0.0.1")));
+  // Something in every kind of family: an RDMA grant (a registration), a
+  // chunked answer, a name not served.
+  for (const auto& [name, flags] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"big.bin", {"--trusted-peers"}}, {"small.bin", {}}, {"missing", {}}}) {
+    std::vector<std::string> args = {binary, "get", owner, name, "-o", (base / "fetched").string()};
+    args.insert(args.end(), flags.begin(), flags.end());
+    auto get = Process::start(args);
+    ASSERT_TRUE(get.wait_exit(std::chrono::seconds(30)).has_value()) << get.captured;
+  }
+  const auto response = http_get(metrics_port, "/metrics");
+  const auto body_at = response.find("\r\n\r\n");
+  ASSERT_NE(body_at, std::string::npos) << response;
+  EXPECT_NE(response.find("text/plain; version=0.0.4"), std::string::npos) << response;
+  const auto page = response.substr(body_at + 4);
+  EXPECT_GT(metric(page, "corma_registration_latency_seconds_count"), 0u) << page;
+  const auto file = base / "metrics.txt";
+  write_file(file, std::vector<char>(page.begin(), page.end()));
+
+  auto check = Process::start({"/bin/sh", "-c", "exec \"$0\" check metrics < \"$1\"", promtool, file.string()});
+  const auto status = check.wait_exit(std::chrono::seconds(30));
+  ASSERT_TRUE(status.has_value()) << "promtool did not finish";
+  EXPECT_EQ(*status, 0) << check.captured;
+  EXPECT_EQ(check.captured, "") << "promtool check metrics found problems:\n" << check.captured << "\nin:\n" << page;
+  std::cout << "[          ] " << promtool << " check metrics: exit " << *status << ", "
+            << (check.captured.empty() ? "no warning, no error" : check.captured) << '\n';
 }
 
 }  // namespace

@@ -32,6 +32,14 @@ asio::awaitable<asio::ip::tcp::socket> raw_socket(asio::ip::tcp::endpoint endpoi
   co_return socket;
 }
 
+/// A raw client past its hello.
+asio::awaitable<RawClient> said_hello(asio::ip::tcp::endpoint endpoint) {
+  auto client = co_await RawClient::connect(endpoint);
+  auto hello = message(rv::Hello{});
+  EXPECT_TRUE(co_await client.ask(std::move(hello)));
+  co_return client;
+}
+
 corma::OwnerConfig quick_timeouts() {
   corma::OwnerConfig config;
   config.io_timeout = std::chrono::milliseconds(300);
@@ -115,12 +123,8 @@ TEST_F(Rendezvous, TheOwnerWideLeaseCapIsRefusedClearly) {
   config.max_leases = 3;
   start_owner(64 << 20, config);
   corma::testing::run(io, [&]() -> asio::awaitable<void> {
-    auto a = co_await RawClient::connect(acceptor.local_endpoint());
-    auto b = co_await RawClient::connect(acceptor.local_endpoint());
-    for (auto* client : {&a, &b}) {
-      auto hello = message(rv::Hello{});
-      EXPECT_TRUE(co_await client->ask(std::move(hello)));
-    }
+    auto a = co_await said_hello(acceptor.local_endpoint());
+    auto b = co_await said_hello(acceptor.local_endpoint());
     for (auto* client : {&a, &a, &b}) {
       auto acquire = message(rv::Acquire{"small", false});
       auto granted = co_await client->ask(std::move(acquire));
@@ -130,6 +134,35 @@ TEST_F(Rendezvous, TheOwnerWideLeaseCapIsRefusedClearly) {
     auto refused = co_await b.ask(std::move(acquire));
     EXPECT_TRUE(is_error(refused, errc::budget_exceeded));
     EXPECT_EQ(owner->stats().live_leases, 3u);
+  }());
+}
+
+TEST_F(Rendezvous, ForgedRenewsAndUnsupportedVersionsAreCountedAsRefused) {
+  start_owner();
+  corma::testing::run(io, [&]() -> asio::awaitable<void> {
+    auto a = co_await said_hello(acceptor.local_endpoint());
+    auto b = co_await said_hello(acceptor.local_endpoint());
+    auto acquire = message(rv::Acquire{"small", false});
+    auto granted = co_await a.ask(std::move(acquire));
+    const auto lease = std::get<rv::Chunked>(granted.value()).lease;
+    const auto before = owner->stats().refused_requests;
+    // b renews a's lease, then one that does not exist: both refused.
+    auto forged = message(rv::Renew{lease});
+    EXPECT_TRUE(is_error(co_await b.ask(std::move(forged)), errc::region_not_found));
+    auto unknown = message(rv::Renew{lease + 1000});
+    EXPECT_TRUE(is_error(co_await b.ask(std::move(unknown)), errc::region_not_found));
+    // a renewing its own lease is no refusal.
+    auto own = message(rv::Renew{lease});
+    auto renewed = co_await a.ask(std::move(own));
+    EXPECT_TRUE(renewed && std::holds_alternative<rv::Renewed>(renewed.value()));
+    EXPECT_EQ(owner->stats().refused_requests, before + 2);
+    // A hello in a protocol version this owner does not speak.
+    auto c = co_await RawClient::connect(acceptor.local_endpoint());
+    rv::Hello newer;
+    newer.version = static_cast<std::uint16_t>(rv::protocol_version + 1);
+    auto hello = message(std::move(newer));
+    EXPECT_TRUE(is_error(co_await c.ask(std::move(hello)), errc::protocol));
+    EXPECT_EQ(owner->stats().refused_requests, before + 3);
   }());
 }
 

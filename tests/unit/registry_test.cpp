@@ -270,6 +270,7 @@ TEST_F(RegistryTest, StatsCountRegistrationsAndLatency) {
   EXPECT_EQ(stats.registrations, 5u);
   EXPECT_EQ(stats.deregistrations, 5u);
   EXPECT_EQ(stats.registration_latency.total(), 5u);
+  EXPECT_GT(stats.registration_latency.sum.count(), 0);
   EXPECT_EQ(stats.budget_bytes, default_budget);
   EXPECT_GT(stats.registration_latency.quantile_upper_bound(0.5).count(), 0);
 }
