@@ -30,7 +30,9 @@ int run_serve(const ServeOptions& options) {
       return 2;
     }
   }
-  auto backend = make_backend(options.transport);
+  auto transport = options.transport;
+  transport.local_address = listen.value().address();
+  auto backend = make_backend(transport);
   if (!backend) {
     std::fprintf(stderr, "corma serve: %s\n", backend.error().message().c_str());
     return 1;

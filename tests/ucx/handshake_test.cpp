@@ -47,7 +47,8 @@ class UcxHandshake : public ::testing::TestWithParam<corma::testing::UcxSetting>
     for (std::size_t i = 0; i < source.size(); ++i) source[i] = static_cast<std::byte>(i * 13 + 1);
     std::fill(destination.begin(), destination.end(), std::byte{0});
     auto remote = owner->async_map(source.data(), source.size(), Access::remote_read, asio::use_future).get().value();
-    auto local = reader->async_map(destination.data(), destination.size(), Access::local, asio::use_future).get().value();
+    auto local =
+        reader->async_map(destination.data(), destination.size(), Access::local, asio::use_future).get().value();
     corma::GetRequest get{peer, local.id, 0, remote.effective_addr, source.size(), remote.packed_key};
     auto got = reader->async_get(get, asio::use_future).get();
     EXPECT_TRUE(reader->async_unmap(local.id, asio::use_future).get());

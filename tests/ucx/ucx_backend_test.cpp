@@ -34,7 +34,8 @@ TEST(UcxConfig, SharedMemoryWithPeerErrorHandlingIsRefused) {
 
 TEST(UcxConfig, TcpInterfaceIsOneExistingDevice) {
   for (const char* list : {"lo,eth0", "all"}) {
-    auto backend = ucx::Backend::create({.transport = ucx::Transport::tcp, .trusted_peers = true, .tcp_interface = list});
+    auto backend =
+        ucx::Backend::create({.transport = ucx::Transport::tcp, .trusted_peers = true, .tcp_interface = list});
     ASSERT_FALSE(backend) << list;
     EXPECT_TRUE(backend.error().is(errc::not_configured)) << backend.error().message();
   }
@@ -42,7 +43,8 @@ TEST(UcxConfig, TcpInterfaceIsOneExistingDevice) {
                                        .tcp_interface = "nosuchdev0"});
   ASSERT_FALSE(missing);
   EXPECT_TRUE(missing.error().is(errc::not_configured)) << missing.error().message();
-  auto loopback = ucx::Backend::create({.transport = ucx::Transport::tcp, .trusted_peers = true, .tcp_interface = "lo"});
+  auto loopback =
+      ucx::Backend::create({.transport = ucx::Transport::tcp, .trusted_peers = true, .tcp_interface = "lo"});
   EXPECT_TRUE(loopback) << loopback.error().message();
 }
 
@@ -134,7 +136,8 @@ TEST(UcxWire, AddressBlobsAreFramed) {
 
 TEST(UcxWire, OffersAreExactlyMagicAndVersion) {
   const auto offer = wire::encode_offer();
-  const std::vector<std::byte> expected = {std::byte{'C'}, std::byte{'U'}, std::byte{'O'}, std::byte{'1'}, std::byte{1}};
+  const std::vector<std::byte> expected = {std::byte{0x43}, std::byte{0x55}, std::byte{0x4F}, std::byte{0x31},
+                                           std::byte{1}};  // "CUO1", version 1
   EXPECT_EQ(offer, expected);
   EXPECT_TRUE(wire::decode_offer(offer));
   for (std::size_t i = 0; i < offer.size(); ++i) {
