@@ -1,8 +1,8 @@
 // The property the fuzzers (and the corpus replay test) check: whatever the
 // rendezvous decoders accept re-encodes to the very same bytes, and decoding
 // that re-encoding gives the same value back. Whatever they refuse is refused
-// with the documented codes. Header-only: the fuzzers compile the corma
-// sources directly and the tests link corma.
+// with the documented codes. Header-only: the fuzzers and the corpus replay
+// test both include it.
 #pragma once
 
 #include <corma/descriptor.hpp>

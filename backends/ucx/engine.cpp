@@ -31,8 +31,14 @@ Result<void> Backend::Engine::start() {
   if (auto st = ucp_config_read(nullptr, nullptr, &ucp_config); st != UCS_OK) {
     return ucs_error(errc::not_configured, "ucp_config_read", st);
   }
-  const char* tls = config.transport == Transport::tcp ? "tcp" : "sm";
-  ucp_config_modify(ucp_config, "TLS", tls);
+  // The listening surface: shared memory opens no socket; untrusted tcp
+  // makes no peers, so it needs no network interface either (`self` still
+  // registers local memory); trusted tcp listens where the operator said.
+  const bool tcp = config.transport == Transport::tcp;
+  ucp_config_modify(ucp_config, "TLS", !tcp ? "sm" : rma ? "tcp" : "self");
+  if (tcp && rma && !config.tcp_interface.empty()) {
+    ucp_config_modify(ucp_config, "NET_DEVICES", config.tcp_interface.c_str());
+  }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
   // Without trust, RMA is not even enabled: UCX then serves no emulated
@@ -233,6 +239,9 @@ void Backend::Engine::run_transfer(const std::shared_ptr<TransferOp>& base) {
   auto peer = peers.find(req.peer);
   if (peer == peers.end()) return answer(*op, fail(errc::peer_unreachable, "unknown peer"));
   if (peer->second.broken) return answer(*op, fail(errc::peer_unreachable, "peer is broken"));
+  if (peer->second.reader) {
+    return answer(*op, fail(errc::not_configured, "peer accepted read-only: the reader connects"));
+  }
   if (peer->second.ep == nullptr) return answer(*op, fail(errc::peer_unreachable, "peer set-up is not complete"));
   if (!rma) return answer(*op, fail(errc::not_configured, "RMA over software-emulated tcp needs trusted_peers"));
   auto rkey = remote_key(*op, peer->second);
@@ -329,9 +338,14 @@ void Backend::Engine::orphan_transfers_of(PeerId peer) {
 }
 
 // ---- peers ----
+// The peer that reads connects. A one-sided get or put needs an endpoint only
+// on its initiator, so the initiator offers a bare record, the target answers
+// with its worker address and creates no endpoint, and only the initiator
+// hands an address to UCX: the target's, which it chose to connect to.
+// Nothing a target reads from its control connection reaches UCX.
 
-Result<ucp_ep_h> Backend::Engine::create_endpoint(const std::vector<std::byte>& blob) {
-  CORMA_TRY(auto address, wire::decode_address(blob));
+Result<ucp_ep_h> Backend::Engine::create_endpoint(const std::vector<std::byte>& answer) {
+  CORMA_TRY(auto address, wire::decode_address(answer));
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
   params.address = reinterpret_cast<const ucp_address_t*>(address.data());
@@ -360,20 +374,25 @@ void Backend::Engine::mark_broken(ucp_ep_h ep) {
   }
 }
 
+Result<void> Backend::Engine::peers_allowed() const {
+  if (closed()) return shut_down_error();
+  if (!rma) return fail(errc::not_configured, "UCX over untrusted tcp makes no peers");
+  return success();
+}
+
 void Backend::Engine::run_peer_offer(const std::shared_ptr<ValueOp<PeerOffer>>& op) {
-  if (closed()) return op->completion.dispatch(shut_down_error());
+  if (auto allowed = peers_allowed(); !allowed) return op->completion.dispatch(std::move(allowed).error());
   const PeerId id{next_id++};
   peers.emplace(id, Peer{});
-  op->completion.dispatch(PeerOffer{id, wire::encode_address(own_address)});
+  op->completion.dispatch(PeerOffer{id, wire::encode_offer()});
 }
 
 void Backend::Engine::run_peer_accept(const std::shared_ptr<ValueOp<PeerAnswer>>& op) {
-  if (closed()) return op->completion.dispatch(shut_down_error());
-  auto ep = create_endpoint(op->blob);
-  if (!ep) return op->completion.dispatch(std::move(ep).error());
+  if (auto allowed = peers_allowed(); !allowed) return op->completion.dispatch(std::move(allowed).error());
+  if (auto offer = wire::decode_offer(op->blob); !offer) return op->completion.dispatch(std::move(offer).error());
   const PeerId id{next_id++};
   Peer peer;
-  peer.ep = ep.value();
+  peer.reader = true;
   peers.emplace(id, std::move(peer));
   op->completion.dispatch(PeerAnswer{id, wire::encode_address(own_address)});
 }
@@ -382,8 +401,8 @@ void Backend::Engine::run_peer_complete(const std::shared_ptr<ValueOp<void>>& op
   if (closed()) return op->completion.dispatch(shut_down_error());
   auto it = peers.find(op->peer);
   if (it == peers.end()) return op->completion.dispatch(fail(errc::peer_unreachable, "no pending peer with that id"));
-  if (it->second.ep != nullptr || it->second.broken) {
-    return op->completion.dispatch(fail(errc::protocol, "peer is already connected"));
+  if (it->second.ep != nullptr || it->second.broken || it->second.reader) {
+    return op->completion.dispatch(fail(errc::protocol, "peer is not waiting for an answer"));
   }
   auto ep = create_endpoint(op->blob);
   if (!ep) return op->completion.dispatch(std::move(ep).error());

@@ -40,8 +40,11 @@ struct Backend::Engine final : backend_kit::EngineCore {
     std::uint64_t len = 0;
   };
   struct Peer {
-    ucp_ep_h ep = nullptr;
+    ucp_ep_h ep = nullptr;  ///< the initiator's endpoint, once its peer is complete
     bool broken = false;
+    /// Accepted: the peer reads from us and connected itself; we hold no
+    /// endpoint to it and transfer nothing towards it.
+    bool reader = false;
     /// Keys are validated and unpacked once per peer, not per transfer.
     std::map<PackedKey, CachedKey> keys;
   };
@@ -75,11 +78,14 @@ struct Backend::Engine final : backend_kit::EngineCore {
   bool arm_for_sleep() override;
 
   // Helpers (progress thread).
+  /// Peers need RMA: untrusted tcp makes none.
+  Result<void> peers_allowed() const;
   /// The transfer's rkey (cached per peer), its remote range checked.
   Result<ucp_rkey_h> remote_key(UcxTransferOp& op, Peer& peer);
   void finish_transfer(std::uint64_t id, ucs_status_t status);
   void forget_keys(Peer& peer);
-  Result<ucp_ep_h> create_endpoint(const std::vector<std::byte>& blob);
+  /// The initiator's endpoint to the target that answered.
+  Result<ucp_ep_h> create_endpoint(const std::vector<std::byte>& answer);
   void mark_broken(ucp_ep_h ep);
   /// Marks a peer broken and force-closes its endpoint.
   void abandon_endpoint(PeerId id, Peer& peer);

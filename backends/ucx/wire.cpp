@@ -14,6 +14,9 @@ using corma::wire::Writer;
 
 constexpr std::uint32_t key_magic = 0x314b5543;      // "CUK1" in memory order
 constexpr std::uint32_t address_magic = 0x31415543;  // "CUA1" in memory order
+constexpr std::uint32_t offer_magic = 0x314f5543;    // "CUO1" in memory order
+constexpr std::uint8_t offer_version = 1;
+constexpr std::size_t offer_size = 5;                // magic, version
 constexpr std::size_t key_header = 32;               // magic, rkey length, addr, len, checksum
 constexpr std::size_t address_header = 8;            // magic, length
 constexpr std::size_t padding = 4096;
@@ -97,6 +100,29 @@ Result<RemoteKey> decode_key(const PackedKey& key, std::uint64_t local_md_map) {
   remote.rkey = padded_copy(rkey);
   remote.rkey_size = rkey.size();
   return remote;
+}
+
+std::vector<std::byte> encode_offer() {
+  Writer out(offer_size);
+  out.u32(offer_magic);
+  out.u8(offer_version);
+  return std::move(out).take();
+}
+
+Result<void> decode_offer(const std::vector<std::byte>& blob) {
+  if (blob.size() > max_peer_blob_size) return fail(errc::protocol, "oversized peer offer");
+  Reader in(blob);
+  auto magic = in.u32("peer offer magic");
+  if (!magic) return fail(errc::protocol, "truncated peer offer");
+  if (magic.value() == address_magic) {
+    return fail(errc::protocol, "peer offer carries a worker address: this side does not connect to its readers");
+  }
+  if (magic.value() != offer_magic) return fail(errc::protocol, "not a UCX peer offer");
+  auto version = in.u8("peer offer version");
+  if (!version) return fail(errc::protocol, "truncated peer offer");
+  if (version.value() != offer_version) return fail(errc::protocol, "unsupported UCX peer offer version");
+  if (in.remaining() != 0) return fail(errc::protocol, "trailing bytes after the UCX peer offer");
+  return success();
 }
 
 std::vector<std::byte> encode_address(std::span<const std::byte> address) {

@@ -1,6 +1,8 @@
 // The UCX backend's own wire records: packed keys and peer set-up blobs.
 // Everything from a peer is checked here, before any byte reaches UCX
-// (ucp_ep_rkey_unpack and ucp_ep_create take no length).
+// (ucp_ep_rkey_unpack and ucp_ep_create take no length). A target never
+// hands a peer's bytes to UCX at all: the offer it accepts is corma's own
+// record and carries no worker address (the peer that reads connects).
 #pragma once
 
 #include <corma/backend.hpp>
@@ -35,10 +37,18 @@ struct RemoteKey {
 /// type (1 byte, host), then one (size, bytes) record per md_map bit.
 [[nodiscard]] Result<std::uint64_t> check_rkey_structure(std::span<const std::byte> rkey);
 
-/// A worker address framed with its length.
+/// The initiator's peer offer: magic and version only. The initiator is the
+/// side that reads, so it connects; the target needs nothing from it.
+[[nodiscard]] std::vector<std::byte> encode_offer();
+
+/// Refuses anything but exactly what encode_offer produces (`protocol`).
+[[nodiscard]] Result<void> decode_offer(const std::vector<std::byte>& blob);
+
+/// The target's answer: its worker address framed with its length.
 [[nodiscard]] std::vector<std::byte> encode_address(std::span<const std::byte> address);
 
-/// The worker address inside a blob, zero-padded for the same reason as keys.
+/// The worker address inside an answer, zero-padded for the same reason as
+/// keys.
 [[nodiscard]] Result<std::vector<std::byte>> decode_address(const std::vector<std::byte>& blob);
 
 }  // namespace corma::ucx::wire

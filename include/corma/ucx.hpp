@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstddef>
 #include <memory>
+#include <string>
 #include <thread>
 
 namespace corma::ucx {
@@ -22,8 +23,11 @@ using ProgressMode = corma::ProgressMode;
 
 /// Which UCX transports the worker may use.
 enum class Transport {
-  tcp,            ///< UCX `tcp`: works across hosts; RMA is emulated in software
-  shared_memory,  ///< UCX `sm` (posix / sysv / cma): same host only
+  /// UCX `tcp` with `trusted_peers`: works across hosts; RMA is emulated in
+  /// software. Without `trusted_peers` the worker opens no tcp interface at
+  /// all (UCX `self` only): local registrations, no peers.
+  tcp,
+  shared_memory,  ///< UCX `sm` (posix / sysv / cma): same host only; opens no socket
 };
 
 /// How endpoints react to a dead peer.
@@ -55,21 +59,28 @@ struct Config {
   /// peer that can reach this worker can read (and, with put, write) ANY
   /// address of this process with any key, registered or not. With
   /// `trusted_peers = false` (the default) a `tcp` backend does not enable
-  /// RMA at all: maps with remote access and transfers answer
-  /// `not_configured`, and the rendezvous layer falls back to its
-  /// bounds-checked chunked path. Set it only when every peer that can reach
-  /// the worker is trusted with all of this process's memory. Shared memory
-  /// is reachable only from this host and bounded by the OS to processes of
-  /// the same user (who could read this memory anyway), so it does not need
-  /// this setting.
+  /// RMA and opens no tcp interface at all: maps with remote access,
+  /// transfers and peer offers and accepts answer `not_configured`, and the
+  /// rendezvous layer falls back to its bounds-checked chunked path. Set it
+  /// only when every peer that can reach the worker is trusted with all of
+  /// this process's memory, and name `tcp_interface`. Shared memory is
+  /// reachable only from this host and bounded by the OS to processes of the
+  /// same user (who could read this memory anyway), so it does not need this
+  /// setting.
   bool trusted_peers = false;
+  /// Trusted tcp only: the one network device (as `ip link` names it, e.g.
+  /// "lo" or "eth0") on which UCX opens its tcp interface and listening
+  /// socket. Empty: UCX's default, every interface that is up. Ignored where
+  /// no tcp interface is opened (untrusted tcp, shared memory).
+  std::string tcp_interface{};
 };
 
 class Backend final : public detail::EngineBackend {
  public:
   /// Starts the progress thread and creates the UCX context and worker.
   /// Answers `not_configured` when the configuration cannot work (shared
-  /// memory with peer error handling) or UCX refuses to start.
+  /// memory with peer error handling, a tcp_interface that is not one device
+  /// name) or UCX refuses to start (no such device).
   [[nodiscard]] static Result<std::shared_ptr<Backend>> create(const Config& config);
 
   [[nodiscard]] std::string_view key() const noexcept override { return "ucx"; }

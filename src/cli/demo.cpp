@@ -65,8 +65,9 @@ int run_demo() {
     ++seed;
   }
 
-  // Trusted peers: owner and consumers are this one process.
-  TransportOptions transport{"tcp", true};
+  // Trusted peers: owner and consumers are this one process, on loopback.
+  const auto loopback = asio::ip::make_address("127.0.0.1");
+  TransportOptions transport{"tcp", true, loopback};
   auto owner_backend = make_backend(transport);
   auto consumer_backend = make_backend(transport);
   if (!owner_backend || !consumer_backend) {
@@ -87,7 +88,7 @@ int run_demo() {
   asio::io_context io(1);
   Owner owner(io.get_executor(), owner_registry);
   for (const auto& object : objects) owner.publish(object.name, PublishedObject{object.bytes, nullptr});
-  asio::ip::tcp::acceptor acceptor(io, asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+  asio::ip::tcp::acceptor acceptor(io, asio::ip::tcp::endpoint(loopback, 0));
   const auto endpoint = acceptor.local_endpoint();
   asio::co_spawn(io, owner.serve(acceptor), asio::detached);
 

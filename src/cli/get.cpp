@@ -1,6 +1,7 @@
 // corma get: fetch one object from a corma serve and write it to a file.
 #include "address.hpp"
 #include "commands.hpp"
+#include "network_device.hpp"
 #include "sizes.hpp"
 
 #include <corma/consumer.hpp>
@@ -41,7 +42,14 @@ int run_get(const GetOptions& options) {
   }
   std::shared_ptr<Registry> registry;
   if (!options.no_rdma) {
-    auto backend = make_backend(options.transport);
+    auto from = source_address_towards(owner.value());
+    if (!from) {
+      std::fprintf(stderr, "corma get: %s\n", from.error().message().c_str());
+      return 1;
+    }
+    auto transport = options.transport;
+    transport.local_address = from.value();
+    auto backend = make_backend(transport);
     if (!backend) {
       std::fprintf(stderr, "corma get: %s\n", backend.error().message().c_str());
       return 1;

@@ -54,7 +54,9 @@ int run_serve(const ServeOptions& options) {
   // Declared first, destroyed last: nothing that may still post into it
   // (registry, backend) outlives it.
   asio::io_context io(1);
-  auto backend = make_backend(options.transport);
+  auto transport = options.transport;
+  transport.local_address = listen.value().address();
+  auto backend = make_backend(transport);
   if (!backend) {
     std::fprintf(stderr, "corma serve: %s\n", backend.error().message().c_str());
     return 1;

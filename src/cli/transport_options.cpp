@@ -1,5 +1,7 @@
 #include "transport_options.hpp"
 
+#include "network_device.hpp"
+
 #include <corma/ucx.hpp>
 
 #ifdef CORMA_CLI_WITH_VERBS
@@ -20,13 +22,20 @@ Result<CommandBackend> make_ucx(const TransportOptions& options) {
     config.operation_timeout = std::chrono::seconds(5);
   }
   config.trusted_peers = options.trusted_peers;
+  const bool trusted_tcp = options.trusted_peers && options.transport == "tcp";
+  if (trusted_tcp) {
+    // Any peer that reaches UCX may read all of this process: only on the
+    // interface the operator named by its address, never on every one.
+    if (!options.local_address) return fail(errc::not_configured, "trusted tcp needs the address of one interface");
+    CORMA_TRY(config.tcp_interface, device_holding(*options.local_address));
+  }
   CORMA_TRY(auto backend, ucx::Backend::create(config));
   CommandBackend made{backend, backend->rma_enabled(), "transport " + options.transport};
   if (made.rma) {
-    made.description += std::string(", RDMA on") +
-                        (options.trusted_peers && options.transport == "tcp"
-                             ? " (trusted peers: any peer can read this process)"
-                             : "");
+    made.description += ", RDMA on";
+    if (trusted_tcp) {
+      made.description += " (trusted peers: any peer that reaches " + config.tcp_interface + " can read this process)";
+    }
   } else {
     made.description += ", RDMA off (untrusted tcp: chunked path only; see --trusted-peers)";
   }

@@ -1,6 +1,7 @@
 #include <corma/owner.hpp>
 
 #include "framed_connection.hpp"
+#include "hello.hpp"
 
 #include <corma/descriptor.hpp>
 
@@ -73,7 +74,6 @@ struct Owner::State : std::enable_shared_from_this<State> {
   asio::any_io_executor executor;
   std::shared_ptr<Registry> registry;
   OwnerConfig config;
-  BackendId kind{};
 
   std::map<std::string, PublishedObject, std::less<>> published;
   /// How many times each name was published: a lease remembers the count
@@ -100,9 +100,7 @@ struct Owner::State : std::enable_shared_from_this<State> {
   asio::steady_timer reaper;
 
   State(asio::any_io_executor ex, std::shared_ptr<Registry> r, OwnerConfig c)
-      : executor(ex), registry(std::move(r)), config(c), reaper(ex) {
-    if (registry) kind = registry->backend()->wire_id();
-  }
+      : executor(ex), registry(std::move(r)), config(c), reaper(ex) {}
 
   Result<PublishedObject> find(std::string_view name) {
     if (auto it = published.find(name); it != published.end()) return it->second;
@@ -308,28 +306,14 @@ struct Owner::State : std::enable_shared_from_this<State> {
       ++stats.refused_requests;
       co_return std::nullopt;
     }
-    auto& hello = std::get<Hello>(first.value().message);
-    HelloOk answer;
-    std::optional<PeerId> peer;
-    if (hello.version != protocol_version) {
-      ++stats.refused_requests;
-      Frame refusal{first.value().request_id, ErrorReply{static_cast<std::uint16_t>(errc::protocol),
-                                                         "unsupported protocol version"}};
-      co_await connection.write(refusal, config.io_timeout);
-      co_return std::nullopt;
-    }
-    if (registry && hello.backend != BackendId::none && hello.backend == kind && !hello.peer_offer.empty()) {
-      auto accepted = co_await registry->backend()->async_peer_accept(std::move(hello.peer_offer),
-                                                                      asio::use_awaitable);
-      if (accepted) {
-        answer.backend = kind;
-        answer.peer_answer = std::move(accepted.value().blob);
-        peer = accepted.value().peer;
-      }
-    }
-    Frame reply{first.value().request_id, std::move(answer)};
-    ok = static_cast<bool>(co_await connection.write(reply, config.io_timeout));
-    co_return peer;
+    auto answered = co_await answer_hello(registry ? registry->backend().get() : nullptr,
+                                          std::move(std::get<Hello>(first.value().message)));
+    // A refused hello (an unsupported version) is a refused request.
+    if (!std::holds_alternative<HelloOk>(answered.reply)) ++stats.refused_requests;
+    Frame reply{first.value().request_id, std::move(answered.reply)};
+    const bool written = static_cast<bool>(co_await connection.write(reply, config.io_timeout));
+    ok = written && std::holds_alternative<HelloOk>(reply.message);
+    co_return answered.peer;
   }
 
   asio::awaitable<void> session(asio::ip::tcp::socket socket) {

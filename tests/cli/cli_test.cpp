@@ -4,7 +4,9 @@
 #include "cli/processes.hpp"
 #include "file_resolver.hpp"
 #include "metrics_server.hpp"
+#include "network_device.hpp"
 #include "sizes.hpp"
+#include "support/listening_sockets.hpp"
 #include "transport_options.hpp"
 
 #include <boost/asio/connect.hpp>
@@ -61,6 +63,35 @@ TEST(Endpoints, ParseHostAndPort) {
   EXPECT_EQ(parse_endpoint("localhost:0").value().address().to_string(), "127.0.0.1");
   for (auto bad : {"127.0.0.1", "host:1", "1.2.3.4:70000", "1.2.3.4:x"}) {
     EXPECT_FALSE(parse_endpoint(bad)) << bad;
+  }
+}
+
+TEST(NetworkDevices, AnAddressNamesTheDeviceThatHoldsIt) {
+  using boost::asio::ip::make_address;
+  const auto loopback = device_holding(make_address("127.0.0.1"));
+  ASSERT_TRUE(loopback) << loopback.error().message();
+  EXPECT_EQ(device_holding(make_address("127.0.0.2")).value(), loopback.value()) << "inside the loopback network";
+  for (auto wildcard : {"0.0.0.0", "::"}) {
+    auto refused = device_holding(make_address(wildcard));
+    ASSERT_FALSE(refused) << wildcard;
+    EXPECT_TRUE(refused.error().is(errc::not_configured));
+    EXPECT_NE(refused.error().detail.find("every interface"), std::string::npos) << refused.error().message();
+  }
+  EXPECT_TRUE(device_holding(make_address("203.0.113.7")).error().is(errc::not_configured)) << "TEST-NET-3";
+  EXPECT_EQ(source_address_towards({make_address("127.0.0.1"), 7300}).value(), make_address("127.0.0.1"));
+}
+
+TEST(Transports, TrustedTcpNeedsTheAddressOfOneInterface) {
+  const auto loopback = boost::asio::ip::make_address("127.0.0.1");
+  auto made = make_backend({"tcp", true, loopback});
+  ASSERT_TRUE(made) << made.error().message();
+  const auto device = device_holding(loopback).value();
+  EXPECT_NE(made.value().description.find("reaches " + device + " "), std::string::npos) << made.value().description;
+  using Local = std::optional<boost::asio::ip::address>;
+  for (const auto& local : {Local{}, Local{boost::asio::ip::make_address("0.0.0.0")}}) {
+    auto refused = make_backend({"tcp", true, local});
+    ASSERT_FALSE(refused);
+    EXPECT_TRUE(refused.error().is(errc::not_configured)) << refused.error().message();
   }
 }
 
@@ -262,6 +293,37 @@ TEST_F(TwoProcesses, FilesArriveByteIdenticalOverEachPath) {
   auto refused = Process::start({binary, "get", owner, "../etc/passwd", "-o", (base / "x").string()});
   EXPECT_EQ(refused.wait_exit(std::chrono::seconds(30)), 1);
   EXPECT_NE(refused.captured.find("not served"), std::string::npos) << refused.captured;
+}
+
+TEST_F(TwoProcesses, ServeListensOnlyWhereItIsTold) {
+  using boost::asio::ip::tcp;
+  const auto loopback = boost::asio::ip::make_address("127.0.0.1");
+  struct Case {
+    std::vector<std::string> flags;
+    bool ucx_listens;
+  };
+  const Case cases[] = {{{}, false}, {{"--transport", "shm"}, false}, {{"--trusted-peers"}, true}};
+  for (const auto& c : cases) {
+    std::vector<std::string> args = {binary, "serve", "--root", root.string(), "--listen", "127.0.0.1:0"};
+    args.insert(args.end(), c.flags.begin(), c.flags.end());
+    auto server = Process::start(args);
+    ASSERT_TRUE(server.wait_for_output("listening on")) << server.captured;
+    const auto port = static_cast<unsigned short>(std::stoi(port_after(server.captured, "listening on")));
+    const tcp::endpoint listen{loopback, port};
+    const auto sockets = corma::testing::listening_sockets(server.pid);
+    if (!c.ucx_listens) {
+      EXPECT_EQ(sockets, std::vector<tcp::endpoint>{listen}) << server.captured;
+      continue;
+    }
+    // Trusted tcp: UCX listens too, but only on the interface of --listen.
+    EXPECT_EQ(std::count(sockets.begin(), sockets.end(), listen), 1) << server.captured;
+    EXPECT_GE(sockets.size(), 2u);
+    for (const auto& socket : sockets) EXPECT_EQ(socket.address(), loopback) << socket;
+  }
+  auto everywhere = Process::start(
+      {binary, "serve", "--root", root.string(), "--listen", "0.0.0.0:0", "--trusted-peers"});
+  EXPECT_EQ(everywhere.wait_exit(std::chrono::seconds(10)), 1);
+  EXPECT_NE(everywhere.captured.find("every interface"), std::string::npos) << everywhere.captured;
 }
 
 TEST_F(TwoProcesses, KillingTheServerMidTransferFailsTheGetQuickly) {

@@ -1,6 +1,7 @@
 // The backend contract suite, instantiated for UCX over tcp (peer error
-// handling, trusted peers so RMA is on) and over shared memory (error
-// handling none).
+// handling, trusted peers so RMA is on, loopback only) and over shared memory
+// (error handling none). The initiator is the reader that connects; the
+// target only accepts.
 #include "contract/backend_contract.hpp"
 #include "contract/engine_subject.hpp"
 
@@ -20,7 +21,8 @@ ContractSubject make_tcp() {
                            .error_handling = ucx::ErrorHandling::peer,
                            .operation_timeout = std::chrono::seconds(3),
                            .shutdown_timeout = std::chrono::seconds(2),
-                           .trusted_peers = true});
+                           .trusted_peers = true,
+                           .tcp_interface = "lo"});
 }
 
 ContractSubject make_shm() {

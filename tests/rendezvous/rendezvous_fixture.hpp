@@ -10,6 +10,7 @@
 #include <corma/owner.hpp>
 
 #include "rendezvous/framed_connection.hpp"
+#include "support/raw_client.hpp"
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
@@ -24,6 +25,8 @@ namespace corma::testing::rendezvous {
 namespace asio = boost::asio;
 namespace rv = corma::rendezvous;
 using corma::Registry;
+using corma::testing::message;
+using corma::testing::RawClient;
 
 inline std::vector<std::byte> pattern(std::size_t size, unsigned seed) {
   std::vector<std::byte> bytes(size);
@@ -63,36 +66,7 @@ class Rendezvous : public ::testing::Test {
   }
 };
 
-// ---- a raw client speaking the protocol ----
-
-struct RawClient {
-  std::unique_ptr<rv::FramedConnection> connection;
-  std::uint64_t next = 1;
-
-  static asio::awaitable<RawClient> connect(asio::ip::tcp::endpoint endpoint) {
-    asio::ip::tcp::socket socket(co_await asio::this_coro::executor);
-    co_await socket.async_connect(endpoint, asio::use_awaitable);
-    RawClient client;
-    client.connection = std::make_unique<rv::FramedConnection>(std::move(socket), rv::default_max_frame_body);
-    co_return client;
-  }
-
-  asio::awaitable<corma::Result<rv::Message>> ask(rv::Message message) {
-    rv::Frame frame{next++, std::move(message)};
-    auto written = co_await connection->write(frame, std::chrono::seconds(5));
-    if (!written) co_return std::move(written).error();
-    auto reply = co_await connection->read(std::chrono::seconds(5));
-    if (!reply) co_return std::move(reply).error();
-    co_return std::move(reply.value().message);
-  }
-};
-
-/// Builds the request outside the co_await expression: g++ 12 destroys
-/// braced temporaries inside co_await expressions twice.
-template <class T>
-rv::Message message(T&& body) {
-  return rv::Message(std::forward<T>(body));
-}
+// ---- a raw client speaking the protocol (support/raw_client.hpp) ----
 
 inline bool is_error(const corma::Result<rv::Message>& reply, errc code) {
   auto* error = reply ? std::get_if<rv::ErrorReply>(&reply.value()) : nullptr;

@@ -1,6 +1,7 @@
 // The UCX backend beyond the shared contract: configuration, trust, wire
 // records, idle CPU.
 #include "support/run.hpp"
+#include "ucx/settings.hpp"
 
 #include <corma/ucx.hpp>
 
@@ -22,11 +23,7 @@ using corma::errc;
 namespace ucx = corma::ucx;
 namespace wire = corma::ucx::wire;
 
-std::shared_ptr<ucx::Backend> make(ucx::Config config) {
-  auto backend = ucx::Backend::create(config);
-  if (!backend) throw std::runtime_error(backend.error().message());
-  return std::move(backend).value();
-}
+using corma::testing::make_ucx;
 
 TEST(UcxConfig, SharedMemoryWithPeerErrorHandlingIsRefused) {
   auto backend = ucx::Backend::create({.transport = ucx::Transport::shared_memory,
@@ -35,8 +32,24 @@ TEST(UcxConfig, SharedMemoryWithPeerErrorHandlingIsRefused) {
   EXPECT_TRUE(backend.error().is(errc::not_configured)) << backend.error().message();
 }
 
+TEST(UcxConfig, TcpInterfaceIsOneExistingDevice) {
+  for (const char* list : {"lo,eth0", "all"}) {
+    auto backend =
+        ucx::Backend::create({.transport = ucx::Transport::tcp, .trusted_peers = true, .tcp_interface = list});
+    ASSERT_FALSE(backend) << list;
+    EXPECT_TRUE(backend.error().is(errc::not_configured)) << backend.error().message();
+  }
+  auto missing = ucx::Backend::create({.transport = ucx::Transport::tcp, .trusted_peers = true,
+                                       .tcp_interface = "nosuchdev0"});
+  ASSERT_FALSE(missing);
+  EXPECT_TRUE(missing.error().is(errc::not_configured)) << missing.error().message();
+  auto loopback =
+      ucx::Backend::create({.transport = ucx::Transport::tcp, .trusted_peers = true, .tcp_interface = "lo"});
+  EXPECT_TRUE(loopback) << loopback.error().message();
+}
+
 TEST(UcxTrust, TcpWithoutTrustedPeersExposesNothing) {
-  auto backend = make({.transport = ucx::Transport::tcp});
+  auto backend = make_ucx({.transport = ucx::Transport::tcp});
   EXPECT_FALSE(backend->rma_enabled());
   std::vector<std::byte> memory(4096);
   auto exported = backend->async_map(memory.data(), memory.size(), Access::remote_read, asio::use_future).get();
@@ -49,10 +62,17 @@ TEST(UcxTrust, TcpWithoutTrustedPeersExposesNothing) {
   EXPECT_EQ(backend->live_registrations(), 1u);
   EXPECT_TRUE(backend->async_unmap(local.value().id, asio::use_future).get());
   EXPECT_EQ(backend->live_registrations(), 0u);
+  // No peers either way: the rendezvous layer then offers and accepts none.
+  auto offer = backend->async_peer_offer(asio::use_future).get();
+  ASSERT_FALSE(offer);
+  EXPECT_TRUE(offer.error().is(errc::not_configured)) << offer.error().message();
+  auto answer = backend->async_peer_accept(wire::encode_offer(), asio::use_future).get();
+  ASSERT_FALSE(answer);
+  EXPECT_TRUE(answer.error().is(errc::not_configured)) << answer.error().message();
 }
 
 TEST(UcxTrust, SharedMemoryExposesWithoutTheSetting) {
-  auto backend = make({.transport = ucx::Transport::shared_memory, .error_handling = ucx::ErrorHandling::none});
+  auto backend = make_ucx({.transport = ucx::Transport::shared_memory, .error_handling = ucx::ErrorHandling::none});
   EXPECT_TRUE(backend->rma_enabled());
 }
 
@@ -114,20 +134,33 @@ TEST(UcxWire, AddressBlobsAreFramed) {
   EXPECT_TRUE(wire::decode_address(std::vector<std::byte>(corma::max_peer_blob_size + 1)).error().is(errc::protocol));
 }
 
-TEST(UcxPeers, GarbageOffersAreRefused) {
-  auto backend = make({.transport = ucx::Transport::tcp});
-  auto answer = backend->async_peer_accept(std::vector<std::byte>(40, std::byte{7}), asio::use_future).get();
-  ASSERT_FALSE(answer);
-  EXPECT_TRUE(answer.error().is(errc::protocol));
-  auto done = backend->async_peer_complete(corma::PeerId{12345}, {}, asio::use_future).get();
-  EXPECT_TRUE(done.error().is(errc::peer_unreachable));
+TEST(UcxWire, OffersAreExactlyMagicAndVersion) {
+  const auto offer = wire::encode_offer();
+  const std::vector<std::byte> expected = {std::byte{0x43}, std::byte{0x55}, std::byte{0x4F}, std::byte{0x31},
+                                           std::byte{1}};  // "CUO1", version 1
+  EXPECT_EQ(offer, expected);
+  EXPECT_TRUE(wire::decode_offer(offer));
+  for (std::size_t i = 0; i < offer.size(); ++i) {
+    auto bad = offer;
+    bad[i] ^= std::byte{0x01};
+    EXPECT_TRUE(wire::decode_offer(bad).error().is(errc::protocol)) << "byte " << i;
+    EXPECT_TRUE(wire::decode_offer({offer.begin(), offer.begin() + static_cast<long>(i)}).error().is(errc::protocol))
+        << "truncated to " << i;
+  }
+  auto trailing = offer;
+  trailing.push_back(std::byte{0});
+  EXPECT_TRUE(wire::decode_offer(trailing).error().is(errc::protocol));
+  EXPECT_TRUE(wire::decode_offer(std::vector<std::byte>(corma::max_peer_blob_size + 1)).error().is(errc::protocol));
+  auto address = wire::decode_offer(wire::encode_address(std::vector<std::byte>(79, std::byte{0x42})));
+  ASSERT_FALSE(address);
+  EXPECT_NE(address.error().detail.find("worker address"), std::string::npos) << address.error().message();
 }
 
-class UcxRoundTrip : public ::testing::TestWithParam<ucx::Config> {};
+class UcxRoundTrip : public ::testing::TestWithParam<corma::testing::UcxSetting> {};
 
 TEST_P(UcxRoundTrip, GetAndPutBetweenTwoWorkers) {
-  auto initiator = make(GetParam());
-  auto target = make(GetParam());
+  auto initiator = make_ucx(GetParam().config);
+  auto target = make_ucx(GetParam().config);
   auto offer = initiator->async_peer_offer(asio::use_future).get().value();
   auto answer = target->async_peer_accept(offer.blob, asio::use_future).get();
   ASSERT_TRUE(answer) << answer.error().message();
@@ -158,15 +191,13 @@ TEST_P(UcxRoundTrip, GetAndPutBetweenTwoWorkers) {
   EXPECT_EQ(target->live_registrations(), 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Transports, UcxRoundTrip,
-    ::testing::Values(ucx::Config{.transport = ucx::Transport::tcp, .trusted_peers = true},
-                      ucx::Config{.transport = ucx::Transport::shared_memory,
-                                  .error_handling = ucx::ErrorHandling::none}),
-    [](const auto& param_info) { return param_info.param.transport == ucx::Transport::tcp ? "tcp" : "shm"; });
+INSTANTIATE_TEST_SUITE_P(Transports, UcxRoundTrip, ::testing::ValuesIn(corma::testing::ucx_peer_settings()),
+                         corma::testing::UcxSettingName{});
 
 double idle_cpu_fraction(ucx::ProgressMode mode) {
-  auto backend = make({.transport = ucx::Transport::tcp, .progress = mode});
+  // A worker with a tcp interface (trusted, loopback): one that has sockets to watch.
+  auto backend = make_ucx({.transport = ucx::Transport::tcp, .progress = mode, .trusted_peers = true,
+                           .tcp_interface = "lo"});
   // One round trip, so the worker has been active and then falls idle.
   std::vector<std::byte> memory(4096);
   auto region = backend->async_map(memory.data(), memory.size(), Access::local, asio::use_future).get();
