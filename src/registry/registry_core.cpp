@@ -4,6 +4,8 @@
 
 #include <boost/asio/bind_cancellation_slot.hpp>
 
+#include <algorithm>
+#include <string>
 #include <utility>
 
 namespace corma::detail {
@@ -182,9 +184,7 @@ void RegistryCore::start_shutdown(std::chrono::steady_clock::duration deadline,
     timer->expires_after(deadline);
     timer->async_wait([weak = weak_from_this()](boost::system::error_code ec) {
       if (ec) return;  // cancelled: shutdown finished in time
-      if (auto self = weak.lock()) {
-        self->finish_shutdown(fail(errc::timeout, "registry shutdown passed its deadline"));
-      }
+      if (auto self = weak.lock()) self->finish_shutdown(self->deadline_passed());
     });
   }
   if (deregister) deregister_all();
@@ -209,11 +209,8 @@ void RegistryCore::deregister_all() {
 
 void RegistryCore::on_all_deregistered() {
   const auto live = backend_->live_registrations();
-  if (live != std::optional<std::size_t>{0}) {
-    return finish_shutdown(fail(errc::backend, live ? std::to_string(*live) +
-                                                          " registrations still live after shutdown"
-                                                    : "backend cannot count its registrations"));
-  }
+  if (!live) return finish_shutdown(fail(errc::backend, "backend cannot count its registrations"));
+  if (*live != 0) return look_again(*live);
   // The backend holds nothing: every region whose unmap went unconfirmed is
   // released after all.
   std::vector<std::shared_ptr<RegionState>> regions;
@@ -226,6 +223,35 @@ void RegistryCore::on_all_deregistered() {
   }
   for (auto& region : regions) region->confirm_released_by_shutdown();
   finish_shutdown(success());
+}
+
+void RegistryCore::look_again(std::size_t live) {
+  // A backend shutting down refuses our unmaps at once but holds its
+  // registrations until it has drained its transfers and unmapped everything;
+  // live_registrations() comes with no notification. So look again, backing
+  // off, until it holds none or the deadline answers the shutdown.
+  constexpr std::chrono::milliseconds first_look{1};
+  constexpr std::chrono::milliseconds slowest_look{64};
+  std::shared_ptr<asio::steady_timer> later;
+  {
+    std::lock_guard lock(mutex_);
+    if (shutdown_.outcome || !shutdown_.timer) return;
+    shutdown_.still_live = live;
+    shutdown_.next_look = std::clamp(2 * shutdown_.next_look, first_look, slowest_look);
+    later = std::make_shared<asio::steady_timer>(shutdown_.timer->get_executor(), shutdown_.next_look);
+  }
+  later->async_wait([weak = weak_from_this(), later](boost::system::error_code) {
+    if (auto self = weak.lock()) self->on_all_deregistered();
+  });
+}
+
+Error RegistryCore::deadline_passed() const {
+  std::lock_guard lock(mutex_);
+  std::string detail = "registry shutdown passed its deadline";
+  if (shutdown_.still_live != 0) {
+    detail += " with " + std::to_string(shutdown_.still_live) + " registrations still live in the backend";
+  }
+  return Error{errc::timeout, std::move(detail)};
 }
 
 void RegistryCore::finish_shutdown(Result<void> outcome) {
