@@ -86,26 +86,6 @@ void RegistryCore::on_mapped(Registration reg, Result<BackendRegion> mapped) {
     closing = closed_;
     generation = next_generation_++;
   }
-  if (closing) {
-    // Admitted just before shutdown closed the gate: undo it here so that
-    // shutdown, which waits for us, misses nothing.
-    const RegionId id = mapped.value().id;
-    backend_->async_unmap(id, [self = shared_from_this(), reg = std::move(reg)](Result<void> unmapped) mutable {
-      if (!unmapped) {
-        // Still registered as far as we know: keep the bytes charged and the
-        // buffer out of the caller's hands.
-        reg.reservation.commit();
-        if (reg.owned) RegionState::quarantine(std::move(reg.owned), self->counters_);
-      }
-      reg.reservation = {};  // the budget is back before the caller hears of it
-      self->counters_.record_failure(Error{errc::shutting_down});
-      reg.completion.dispatch(Error{errc::shutting_down, "registry shut down during registration"},
-                              std::move(reg.owned));
-      self->admitted_done();
-    });
-    return;
-  }
-
   const std::uint64_t charged = reg.reservation.bytes();
   reg.reservation.commit();
   auto state = std::make_shared<RegionState>(shared_from_this(), std::move(mapped).value(), reg.memory,
@@ -115,11 +95,34 @@ void RegistryCore::on_mapped(Registration reg, Result<BackendRegion> mapped) {
     live_.emplace(generation, state);
   }
   RegistryCounters::bump(counters_.regions);
+  if (closing) return roll_back(std::move(reg), state);
+
   RegistryCounters::bump(counters_.registrations);
   counters_.record_latency(std::chrono::steady_clock::now() - reg.started);
   // An undelivered guard is destroyed with the handler, which deregisters it.
   reg.completion.dispatch(RegionGuard(std::move(state)), OwnedBuffer{});
   admitted_done();
+}
+
+void RegistryCore::roll_back(Registration reg, const std::shared_ptr<RegionState>& region) {
+  // Admitted just before shutdown closed the gate, mapped after: deregistered
+  // at once, as a region like any other. If the backend refuses the unmap,
+  // the bytes (and an owned buffer) stay with that region, which shutdown
+  // retries and latches like the rest: they are never charged to no region.
+  // Shutdown waits for this registration, so it finds the region among the
+  // live ones.
+  auto pending = std::make_shared<Registration>(std::move(reg));
+  region->request_deregistration([self = shared_from_this(), weak = std::weak_ptr(region),
+                                  pending](const Result<void>& unmapped) {
+    // A confirmed release hands an owned buffer back; otherwise the region
+    // keeps it until its release is confirmed.
+    OwnedBuffer buffer;
+    if (auto released = weak.lock(); released && unmapped) buffer = released->take_owned();
+    self->counters_.record_failure(Error{errc::shutting_down});
+    pending->completion.dispatch(Error{errc::shutting_down, "registry shut down during registration"},
+                                 std::move(buffer));
+    self->admitted_done();
+  });
 }
 
 void RegistryCore::admitted_done() {

@@ -55,6 +55,7 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
   struct Registration;
 
   void on_mapped(Registration registration, Result<BackendRegion> mapped);
+  void roll_back(Registration registration, const std::shared_ptr<RegionState>& region);
   void admitted_done();
   void deregister_all();
   void on_all_deregistered();

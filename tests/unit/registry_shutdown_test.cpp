@@ -4,6 +4,7 @@
 #include <boost/asio/use_awaitable.hpp>
 
 #include <atomic>
+#include <future>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -13,7 +14,9 @@ namespace {
 namespace asio = boost::asio;
 using corma::Access;
 using corma::errc;
+using corma::OwnedBuffer;
 using corma::RegionGuard;
+using corma::Registry;
 using corma::Result;
 using corma::testing::page_size;
 using corma::testing::RegistryTest;
@@ -64,6 +67,54 @@ TEST_F(RegistryTest, ShutdownDoesNotMissARegistrationAdmittedJustBeforeIt) {
   EXPECT_EQ(backend->live_registrations(), 0u);
   EXPECT_EQ(registry.stats().registered_bytes, 0u);
   EXPECT_EQ(registry.stats().reserved_bytes, 0u);
+}
+
+/// An owned registration admitted before shutdown and mapped after the gate
+/// closed, so rolled back, its unmap meeting `faults`: its outcome, and the
+/// shutdown still to come.
+std::pair<corma::OwnedResult, std::future<Result<void>>> roll_back_across_shutdown(
+    Registry& registry, TestBackend& backend, TestBackendFaults faults) {
+  backend.hold_maps();
+  auto late = registry.async_register_owned(OwnedBuffer::allocate(page_size()), Access::remote_read,
+                                            asio::use_future);
+  EXPECT_TRUE(backend.wait_for_held_maps(1));
+  auto shutdown = registry.async_shutdown(deadline, asio::use_future);
+  backend.set_faults(faults);
+  backend.release_maps();
+  return {late.get(), std::move(shutdown)};
+}
+
+TEST_F(RegistryTest, ARegistrationRolledBackDuringShutdownHandsItsBufferBack) {
+  auto registry = make_registry();
+  auto [outcome, shutdown] = roll_back_across_shutdown(registry, *backend, {});
+  ASSERT_FALSE(outcome);
+  EXPECT_TRUE(outcome.error().error.is(errc::shutting_down));
+  EXPECT_TRUE(outcome.error().buffer) << "a confirmed rollback hands the buffer back";
+  EXPECT_TRUE(shutdown.get());
+  EXPECT_EQ(registry.stats().registered_bytes, 0u);
+  EXPECT_EQ(registry.stats().regions, 0u);
+}
+
+TEST_F(RegistryTest, ARegistrationWhoseRollbackIsRefusedStaysAccountedUntilShutdownReleasesIt) {
+  auto registry = make_registry();
+  auto [outcome, shutdown] = roll_back_across_shutdown(registry, *backend, {.refuse_unmap = true});
+  ASSERT_FALSE(outcome);
+  EXPECT_TRUE(outcome.error().error.is(errc::shutting_down));
+  EXPECT_FALSE(outcome.error().buffer) << "the provider may still touch it";
+  // Still registered as far as anyone knows: charged, to a region.
+  auto stats = registry.stats();
+  EXPECT_EQ(stats.registered_bytes, page_size());
+  EXPECT_EQ(stats.regions, 1u);
+  EXPECT_EQ(stats.reserved_bytes, 0u);
+
+  // The backend's own shutdown unmaps everything: then it is released.
+  EXPECT_TRUE(backend->async_shutdown(asio::use_future).get());
+  auto done = shutdown.get();
+  EXPECT_TRUE(done) << done.error().message();
+  stats = registry.stats();
+  EXPECT_EQ(stats.registered_bytes, 0u);
+  EXPECT_EQ(stats.regions, 0u);
+  EXPECT_EQ(stats.leaked_owned_buffers, 0u);
 }
 
 TEST_F(RegistryTest, ShutdownWithADelayedMapInFlight) {
