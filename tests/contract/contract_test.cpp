@@ -721,6 +721,148 @@ TEST_P(BackendContract, CancelledGetAnswersEarlyAndTheRegionOutlivesTheTransfer)
   EXPECT_TRUE(remote_unmapped) << describe(remote_unmapped);
 }
 
+/// Names a cancellation type in test traces.
+const char* name_of(asio::cancellation_type type) {
+  switch (type) {
+    case asio::cancellation_type::terminal: return "terminal";
+    case asio::cancellation_type::partial: return "partial";
+    case asio::cancellation_type::total: return "total";
+    default: return "mixed";
+  }
+}
+
+/// Two connected backends with a `size`-byte buffer each, the target's
+/// mapped for peers; the initiator's transfers take `delay` more where the
+/// subject can say so.
+struct Transfers {
+  OwnedBuffer remote_buffer;
+  OwnedBuffer local_buffer;
+  Pair pair;
+  BackendRegion remote;
+};
+
+void set_up(const ContractParam& param, std::size_t size, std::chrono::milliseconds delay, Transfers& t) {
+  t.remote_buffer = OwnedBuffer::allocate(size);
+  t.local_buffer = OwnedBuffer::allocate(size);
+  ASSERT_NO_FATAL_FAILURE(connect(param, t.pair));
+  if (t.pair.initiator.set_transfer_delay) t.pair.initiator.set_transfer_delay(delay);
+  auto remote = map(*t.pair.target.backend, t.remote_buffer.data(), size, Access::remote_read_write);
+  ASSERT_TRUE(remote) << describe(remote);
+  t.remote = std::move(remote).value();
+}
+
+TEST_P(BackendContract, PartialOrTotalCancellationLeavesATransferToItsRealResult) {
+  constexpr std::size_t size = 1 * MiB;
+  // Declared first: outlives the backends, whose threads post into it.
+  asio::io_context io;
+  Transfers t;
+  ASSERT_NO_FATAL_FAILURE(set_up(GetParam(), size, 20ms, t));  // still running at the signal
+  auto& [remote_buffer, local_buffer, pair, remote] = t;
+  auto& initiator = *pair.initiator.backend;
+  Registry registry(pair.initiator.backend, RegistryConfig{.budget_bytes = 2 * size});
+  auto guard = registry.async_register(local_buffer.bytes(), Access::local, asio::use_future).get();
+  ASSERT_TRUE(guard) << describe(guard);
+  const RemoteRegion remote_region{initiator.wire_id(), 1, address(remote_buffer.data()), size,
+                                   remote.packed_key};
+
+  // Neither allows a `cancelled` answer while the bytes may still land, so
+  // the transfer runs on, through the seam and through a RegionGuard alike.
+  std::uint64_t seed = 71;
+  for (const auto type : {asio::cancellation_type::partial, asio::cancellation_type::total}) {
+    for (const bool through_guard : {false, true}) {
+      for (const bool is_put : {false, true}) {
+        for (const bool hold_progress : {false, true}) {
+          SCOPED_TRACE(::testing::Message() << name_of(type) << (is_put ? " put" : " get")
+                                            << (through_guard ? " through a guard" : " through the seam")
+                                            << (hold_progress ? ", before it ran" : ", in flight"));
+          fill(remote_buffer.data(), size, seed++);
+          fill(local_buffer.data(), size, seed++);
+          const auto expected = copy_of(is_put ? local_buffer.data() : remote_buffer.data(), size);
+          asio::cancellation_signal signal;
+          std::optional<Result<void>> outcome;
+          int calls = 0;
+          auto handler = asio::bind_cancellation_slot(signal.slot(), asio::bind_executor(io, [&](Result<void> r) {
+                                                        ++calls;
+                                                        outcome = r;
+                                                      }));
+          {
+            std::optional<ProgressBlocker> blocker;
+            if (hold_progress) {
+              blocker.emplace(initiator);
+              ASSERT_TRUE(blocker->blocked()) << "the progress thread never ran the blocking callback";
+            }
+            if (through_guard) {
+              const TransferRange range{0, 0, size};
+              if (is_put) {
+                guard.value().async_put(pair.peer, remote_region, range, std::move(handler));
+              } else {
+                guard.value().async_get(pair.peer, remote_region, range, std::move(handler));
+              }
+            } else {
+              TransferRequest request{pair.peer, guard.value().id(), 0, address(remote_buffer.data()), size,
+                                      remote.packed_key};
+              if (is_put) {
+                initiator.async_put(std::move(request), std::move(handler));
+              } else {
+                initiator.async_get(std::move(request), std::move(handler));
+              }
+            }
+            signal.emit(type);  // io is not running: the slot is ours alone
+          }
+          ASSERT_TRUE(run_until(io, [&] { return outcome.has_value(); })) << "the transfer was never answered";
+          EXPECT_TRUE(*outcome) << describe(*outcome);
+          EXPECT_TRUE(same_bytes(is_put ? remote_buffer.data() : local_buffer.data(), expected.data(), size))
+              << "the transfer did not run to its end";
+          drain(io);
+          EXPECT_EQ(calls, 1);
+        }
+      }
+    }
+  }
+}
+
+TEST_P(BackendContract, PartialOrTotalCancellationLeavesAnUnmapToItsRealResult) {
+  constexpr std::size_t size = 16 * MiB;
+  // Declared first: outlives the backends, whose threads post into it.
+  asio::io_context io;
+  Transfers t;
+  ASSERT_NO_FATAL_FAILURE(set_up(GetParam(), size, 50ms, t));  // the unmap surely waits
+  auto& [remote_buffer, local_buffer, pair, remote] = t;
+  auto& initiator = *pair.initiator.backend;
+  // An unmap goes ahead once submitted, so only a terminal cancellation may
+  // answer it early: here it waits for a transfer when the signal comes.
+  for (const auto type : {asio::cancellation_type::partial, asio::cancellation_type::total}) {
+    SCOPED_TRACE(name_of(type));
+    auto local = map(initiator, local_buffer.data(), size, Access::local);
+    ASSERT_TRUE(local) << describe(local);
+    Answer<void> got;
+    asio::cancellation_signal signal;
+    std::optional<Result<void>> outcome;
+    int calls = 0;
+    {
+      ProgressBlocker blocker(initiator);
+      ASSERT_TRUE(blocker.blocked()) << "the progress thread never ran the blocking callback";
+      initiator.async_get({pair.peer, local.value().id, 0, address(remote_buffer.data()), size,
+                           remote.packed_key},
+                          got.handler());
+      initiator.async_unmap(local.value().id,
+                            asio::bind_cancellation_slot(signal.slot(), asio::bind_executor(io, [&](Result<void> r) {
+                                                           ++calls;
+                                                           outcome = r;
+                                                         })));
+      signal.emit(type);  // io is not running: the slot is ours alone
+    }
+    ASSERT_TRUE(run_until(io, [&] { return outcome.has_value(); })) << "the unmap was never answered";
+    EXPECT_TRUE(*outcome) << describe(*outcome);
+    const auto g = got.wait();
+    ASSERT_TRUE(g.has_value()) << "the get was never answered";
+    EXPECT_TRUE(*g) << describe(*g);
+    EXPECT_EQ(initiator.live_registrations(), 0u) << "success from unmap means no longer registered";
+    drain(io);
+    EXPECT_EQ(calls, 1);
+  }
+}
+
 // ===========================================================================
 // 8. Every request is validated before it reaches the provider.
 // ===========================================================================

@@ -156,23 +156,19 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
   }
 
   /// Installs a cancellation handler on the caller's thread (where the slot
-  /// lives) that forwards to the progress thread.
-  template <class Fn>
-  void on_cancel(asio::cancellation_slot slot, Fn fn) {
-    if (!slot.is_connected()) return;
-    slot.assign([weak = weak_from_this(), fn = std::move(fn)](asio::cancellation_type) {
-      post_to(weak, fn);
-    });
+  /// lives) that forwards the `honoured` types to the progress thread.
+  template <class Completion, class Fn>
+  void on_cancel(const Completion& completion, asio::cancellation_type honoured, Fn fn) {
+    completion.on_cancellation(honoured, [weak = weak_from_this(), fn = std::move(fn)] { post_to(weak, fn); });
   }
 
   /// The same, but first marks `op` cancelled on the emitting thread, so a
   /// command still queued behind other work (the progress thread is busy)
   /// sees the cancellation when it runs instead of running first.
   template <class Op, class Fn>
-  void on_cancel(asio::cancellation_slot slot, const std::shared_ptr<Op>& op, Fn fn) {
-    if (!slot.is_connected()) return;
-    slot.assign([weak = weak_from_this(), weak_op = std::weak_ptr<Op>(op),
-                 fn = std::move(fn)](asio::cancellation_type) {
+  void on_cancel(const std::shared_ptr<Op>& op, asio::cancellation_type honoured, Fn fn) {
+    op->completion.on_cancellation(honoured, [weak = weak_from_this(), weak_op = std::weak_ptr<Op>(op),
+                                              fn = std::move(fn)] {
       if (auto live_op = weak_op.lock()) live_op->cancel_requested.store(true);
       post_to(weak, fn);
     });
@@ -662,7 +658,7 @@ void TestBackend::do_map(void* ptr, std::size_t len, Access access, Handler<Back
     op_id = state_->next_id++;
     state_->maps.emplace(op_id, op);
   }
-  state_->on_cancel(op->completion.cancellation_slot(), op, [op_id](State& s) { s.cancel_map(op_id); });
+  state_->on_cancel(op, detail::any_cancellation, [op_id](State& s) { s.cancel_map(op_id); });
   asio::post(state_->io, [state = state_, op_id] { state->run_map(op_id); });
 }
 
@@ -670,7 +666,7 @@ void TestBackend::do_unmap(RegionId id, Handler<void> h) {
   auto op = std::make_shared<State::UnmapOp>();
   op->completion = Completion<void(Result<void>)>(std::move(h));
   op->id = id;
-  state_->on_cancel(op->completion.cancellation_slot(), op,
+  state_->on_cancel(op, detail::terminal_only,
                     [weak_op = std::weak_ptr<State::UnmapOp>(op)](State& s) { s.cancel_unmap(weak_op); });
   asio::post(state_->io, [state = state_, op] { state->run_unmap(op); });
 }
@@ -689,7 +685,7 @@ void TestBackend::transfer(bool is_put, TransferRequest request, Handler<void> h
     op_id = state_->next_id++;
     state_->transfers.emplace(op_id, op);
   }
-  state_->on_cancel(op->completion.cancellation_slot(), [op_id](State& s) { s.cancel_transfer(op_id); });
+  state_->on_cancel(op->completion, detail::terminal_only, [op_id](State& s) { s.cancel_transfer(op_id); });
   asio::post(state_->io, [state = state_, op_id] { state->run_transfer(op_id); });
 }
 
