@@ -105,7 +105,8 @@ class RdmaBackend {
   /// deregistration; nullopt when the backend cannot tell.
   [[nodiscard]] virtual std::optional<std::size_t> live_registrations() const = 0;
 
-  /// Registers [ptr, ptr + len) and packs a remote key for it.
+  /// Registers [ptr, ptr + len) and packs a remote key for it. Any
+  /// cancellation type is honoured: a cancelled map leaves nothing behind.
   template <asio::completion_token_for<void(Result<BackendRegion>)> Token>
   auto async_map(void* ptr, std::size_t len, Access access, Token&& token) {
     return asio::async_initiate<Token, void(Result<BackendRegion>)>(
@@ -116,13 +117,17 @@ class RdmaBackend {
   }
 
   /// Deregisters; idempotent. Success means no longer registered; any error
-  /// means unknown.
+  /// means unknown. It proceeds once submitted: only a `terminal`
+  /// cancellation is honoured, and abandons just the answer.
   template <asio::completion_token_for<void(Result<void>)> Token>
   auto async_unmap(RegionId id, Token&& token) {
     return asio::async_initiate<Token, void(Result<void>)>(
         [this](auto handler, RegionId r) { do_unmap(r, std::move(handler)); }, token, id);
   }
 
+  /// A get, then a put. Only a `terminal` cancellation is honoured: it
+  /// answers `cancelled` at once while the bytes may still land, and the
+  /// local region stays registered until the transfer really ends.
   template <asio::completion_token_for<void(Result<void>)> Token>
   auto async_get(GetRequest request, Token&& token) {
     return asio::async_initiate<Token, void(Result<void>)>(

@@ -90,7 +90,10 @@ class RegionGuard {
 
   /// Reads `range.len` bytes of `remote` (at `range.remote_offset`) into this
   /// region at `range.local_offset`. Refused with `region_not_found` once the
-  /// region is being deregistered.
+  /// region is being deregistered. Only a `terminal` cancellation answers
+  /// early, with `cancelled` (the bytes may still land; the region stays
+  /// registered until the transfer really ends); `partial` and `total` are
+  /// not honoured. The same goes for async_put.
   template <asio::completion_token_for<void(Result<void>)> Token>
   auto async_get(PeerId peer, const RemoteRegion& remote, TransferRange range, Token&& token) {
     return asio::async_initiate<Token, void(Result<void>)>(

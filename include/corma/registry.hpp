@@ -105,7 +105,9 @@ class Registry {
 
   /// Closes admission (new registrations get `shutting_down`), waits for the
   /// admitted ones, deregisters everything, and latches every region's
-  /// deregistered() once the backend reports zero live registrations.
+  /// deregistered() once the backend reports zero live registrations
+  /// (looking again while a backend shutting down itself still drains).
+  /// Safe in any order with the backend's shutdown; cheapest before it.
   /// Completes with `timeout` if that takes longer than `deadline`.
   /// Idempotent: later calls complete with the first call's outcome.
   template <asio::completion_token_for<void(Result<void>)> Token>

@@ -26,14 +26,16 @@ void initiate_map(EngineCore& engine, void* ptr, std::size_t len, Access access,
   op->ptr = ptr;
   op->len = len;
   op->access = access;
-  engine.watch_cancellation(op, [](EngineCore& e, const std::shared_ptr<MapOp>& o) { e.cancel_map(o); });
+  engine.watch_cancellation(op, detail::any_cancellation,
+                            [](EngineCore& e, const std::shared_ptr<MapOp>& o) { e.cancel_map(o); });
   engine.submit([op](EngineCore& e) { e.run_map(op); }, refuse_with(op));
 }
 
 void initiate_unmap(EngineCore& engine, RegionId id, RdmaBackend::Handler<void> h) {
   auto op = make_op<VoidOp>(std::move(h));
   // Cancelling an unmap abandons the notification; the unmap proceeds.
-  engine.watch_cancellation(op, [](EngineCore& e, const std::shared_ptr<VoidOp>& o) { e.cancel_unmap(o); });
+  engine.watch_cancellation(op, detail::terminal_only,
+                            [](EngineCore& e, const std::shared_ptr<VoidOp>& o) { e.cancel_unmap(o); });
   engine.submit([op, id](EngineCore& e) { e.run_unmap(op, id); }, refuse_with(op));
 }
 
@@ -42,7 +44,8 @@ void initiate_transfer(EngineCore& engine, bool is_put, TransferRequest request,
   op->completion = Completion<void(Result<void>)>(std::move(h));
   op->is_put = is_put;
   op->request = std::move(request);
-  engine.watch_cancellation(op,
+  // A cancelled transfer's bytes may still land.
+  engine.watch_cancellation(op, detail::terminal_only,
                             [](EngineCore& e, const std::shared_ptr<TransferOp>& o) { e.cancel_transfer(o); });
   engine.submit([op](EngineCore& e) { e.run_transfer(op); }, refuse_with(op));
 }

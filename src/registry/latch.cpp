@@ -1,7 +1,5 @@
 #include "latch.hpp"
 
-#include <boost/asio/cancellation_type.hpp>
-
 #include <vector>
 
 namespace corma::detail {
@@ -31,13 +29,11 @@ void Latch::wait(WaitHandler handler) {
     return;
   }
   const std::uint64_t ticket = next_ticket_++;
-  auto slot = waiter.cancellation_slot();
+  // A cancelled wait changes nothing: every type is honoured.
+  waiter.on_cancellation(any_cancellation, [weak = weak_from_this(), ticket] {
+    if (auto self = weak.lock()) self->cancel(ticket);
+  });
   waiters_.emplace(ticket, std::move(waiter));
-  if (slot.is_connected()) {
-    slot.assign([weak = weak_from_this(), ticket](asio::cancellation_type) {
-      if (auto self = weak.lock()) self->cancel(ticket);
-    });
-  }
 }
 
 void Latch::cancel(std::uint64_t ticket) {

@@ -35,6 +35,11 @@ bool RegionState::released() const {
   return phase_ == Phase::released;
 }
 
+OwnedBuffer RegionState::take_owned() {
+  std::lock_guard lock(mutex_);
+  return phase_ == Phase::released ? std::exchange(owned_, OwnedBuffer{}) : OwnedBuffer{};
+}
+
 bool RegionState::begin_transfer() {
   std::lock_guard lock(mutex_);
   if (phase_ != Phase::active) return false;

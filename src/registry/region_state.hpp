@@ -52,6 +52,10 @@ class RegionState : public std::enable_shared_from_this<RegionState> {
 
   [[nodiscard]] bool released() const;
 
+  /// Hands back the owned buffer (if any) once the release is confirmed;
+  /// before that it stays with the region.
+  [[nodiscard]] OwnedBuffer take_owned();
+
   /// Memory whose release was never confirmed may still be read or written
   /// by the provider: it is parked where it stays reachable, never freed.
   static void quarantine(OwnedBuffer buffer, RegistryCounters& counters);

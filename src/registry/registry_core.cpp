@@ -4,6 +4,8 @@
 
 #include <boost/asio/bind_cancellation_slot.hpp>
 
+#include <algorithm>
+#include <string>
 #include <utility>
 
 namespace corma::detail {
@@ -84,26 +86,6 @@ void RegistryCore::on_mapped(Registration reg, Result<BackendRegion> mapped) {
     closing = closed_;
     generation = next_generation_++;
   }
-  if (closing) {
-    // Admitted just before shutdown closed the gate: undo it here so that
-    // shutdown, which waits for us, misses nothing.
-    const RegionId id = mapped.value().id;
-    backend_->async_unmap(id, [self = shared_from_this(), reg = std::move(reg)](Result<void> unmapped) mutable {
-      if (!unmapped) {
-        // Still registered as far as we know: keep the bytes charged and the
-        // buffer out of the caller's hands.
-        reg.reservation.commit();
-        if (reg.owned) RegionState::quarantine(std::move(reg.owned), self->counters_);
-      }
-      reg.reservation = {};  // the budget is back before the caller hears of it
-      self->counters_.record_failure(Error{errc::shutting_down});
-      reg.completion.dispatch(Error{errc::shutting_down, "registry shut down during registration"},
-                              std::move(reg.owned));
-      self->admitted_done();
-    });
-    return;
-  }
-
   const std::uint64_t charged = reg.reservation.bytes();
   reg.reservation.commit();
   auto state = std::make_shared<RegionState>(shared_from_this(), std::move(mapped).value(), reg.memory,
@@ -113,11 +95,34 @@ void RegistryCore::on_mapped(Registration reg, Result<BackendRegion> mapped) {
     live_.emplace(generation, state);
   }
   RegistryCounters::bump(counters_.regions);
+  if (closing) return roll_back(std::move(reg), state);
+
   RegistryCounters::bump(counters_.registrations);
   counters_.record_latency(std::chrono::steady_clock::now() - reg.started);
   // An undelivered guard is destroyed with the handler, which deregisters it.
   reg.completion.dispatch(RegionGuard(std::move(state)), OwnedBuffer{});
   admitted_done();
+}
+
+void RegistryCore::roll_back(Registration reg, const std::shared_ptr<RegionState>& region) {
+  // Admitted just before shutdown closed the gate, mapped after: deregistered
+  // at once, as a region like any other. If the backend refuses the unmap,
+  // the bytes (and an owned buffer) stay with that region, which shutdown
+  // retries and latches like the rest: they are never charged to no region.
+  // Shutdown waits for this registration, so it finds the region among the
+  // live ones.
+  auto pending = std::make_shared<Registration>(std::move(reg));
+  region->request_deregistration([self = shared_from_this(), weak = std::weak_ptr(region),
+                                  pending](const Result<void>& unmapped) {
+    // A confirmed release hands an owned buffer back; otherwise the region
+    // keeps it until its release is confirmed.
+    OwnedBuffer buffer;
+    if (auto released = weak.lock(); released && unmapped) buffer = released->take_owned();
+    self->counters_.record_failure(Error{errc::shutting_down});
+    pending->completion.dispatch(Error{errc::shutting_down, "registry shut down during registration"},
+                                 std::move(buffer));
+    self->admitted_done();
+  });
 }
 
 void RegistryCore::admitted_done() {
@@ -182,9 +187,7 @@ void RegistryCore::start_shutdown(std::chrono::steady_clock::duration deadline,
     timer->expires_after(deadline);
     timer->async_wait([weak = weak_from_this()](boost::system::error_code ec) {
       if (ec) return;  // cancelled: shutdown finished in time
-      if (auto self = weak.lock()) {
-        self->finish_shutdown(fail(errc::timeout, "registry shutdown passed its deadline"));
-      }
+      if (auto self = weak.lock()) self->finish_shutdown(self->deadline_passed());
     });
   }
   if (deregister) deregister_all();
@@ -209,11 +212,8 @@ void RegistryCore::deregister_all() {
 
 void RegistryCore::on_all_deregistered() {
   const auto live = backend_->live_registrations();
-  if (live != std::optional<std::size_t>{0}) {
-    return finish_shutdown(fail(errc::backend, live ? std::to_string(*live) +
-                                                          " registrations still live after shutdown"
-                                                    : "backend cannot count its registrations"));
-  }
+  if (!live) return finish_shutdown(fail(errc::backend, "backend cannot count its registrations"));
+  if (*live != 0) return look_again(*live);
   // The backend holds nothing: every region whose unmap went unconfirmed is
   // released after all.
   std::vector<std::shared_ptr<RegionState>> regions;
@@ -226,6 +226,35 @@ void RegistryCore::on_all_deregistered() {
   }
   for (auto& region : regions) region->confirm_released_by_shutdown();
   finish_shutdown(success());
+}
+
+void RegistryCore::look_again(std::size_t live) {
+  // A backend shutting down refuses our unmaps at once but holds its
+  // registrations until it has drained its transfers and unmapped everything;
+  // live_registrations() comes with no notification. So look again, backing
+  // off, until it holds none or the deadline answers the shutdown.
+  constexpr std::chrono::milliseconds first_look{1};
+  constexpr std::chrono::milliseconds slowest_look{64};
+  std::shared_ptr<asio::steady_timer> later;
+  {
+    std::lock_guard lock(mutex_);
+    if (shutdown_.outcome || !shutdown_.timer) return;
+    shutdown_.still_live = live;
+    shutdown_.next_look = std::clamp(2 * shutdown_.next_look, first_look, slowest_look);
+    later = std::make_shared<asio::steady_timer>(shutdown_.timer->get_executor(), shutdown_.next_look);
+  }
+  later->async_wait([weak = weak_from_this(), later](boost::system::error_code) {
+    if (auto self = weak.lock()) self->on_all_deregistered();
+  });
+}
+
+Error RegistryCore::deadline_passed() const {
+  std::lock_guard lock(mutex_);
+  std::string detail = "registry shutdown passed its deadline";
+  if (shutdown_.still_live != 0) {
+    detail += " with " + std::to_string(shutdown_.still_live) + " registrations still live in the backend";
+  }
+  return Error{errc::timeout, std::move(detail)};
 }
 
 void RegistryCore::finish_shutdown(Result<void> outcome) {

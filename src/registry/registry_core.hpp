@@ -55,9 +55,12 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
   struct Registration;
 
   void on_mapped(Registration registration, Result<BackendRegion> mapped);
+  void roll_back(Registration registration, const std::shared_ptr<RegionState>& region);
   void admitted_done();
   void deregister_all();
   void on_all_deregistered();
+  void look_again(std::size_t live);
+  [[nodiscard]] Error deadline_passed() const;
   void finish_shutdown(Result<void> outcome);
 
   const std::shared_ptr<RdmaBackend> backend_;
@@ -78,6 +81,8 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
     std::optional<Result<void>> outcome;
     std::shared_ptr<asio::steady_timer> timer;
     std::vector<Completion<void(Result<void>)>> waiters;
+    std::size_t still_live = 0;  // what the backend held at the last look
+    std::chrono::milliseconds next_look{0};
   } shutdown_;
 };
 

@@ -19,12 +19,15 @@
 #include <corma/backend.hpp>
 #include <corma/error.hpp>
 #include <corma/owned_buffer.hpp>
+#include <corma/registry.hpp>
 
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/cancellation_type.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/use_future.hpp>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -718,6 +721,148 @@ TEST_P(BackendContract, CancelledGetAnswersEarlyAndTheRegionOutlivesTheTransfer)
   EXPECT_TRUE(remote_unmapped) << describe(remote_unmapped);
 }
 
+/// Names a cancellation type in test traces.
+const char* name_of(asio::cancellation_type type) {
+  switch (type) {
+    case asio::cancellation_type::terminal: return "terminal";
+    case asio::cancellation_type::partial: return "partial";
+    case asio::cancellation_type::total: return "total";
+    default: return "mixed";
+  }
+}
+
+/// Two connected backends with a `size`-byte buffer each, the target's
+/// mapped for peers; the initiator's transfers take `delay` more where the
+/// subject can say so.
+struct Transfers {
+  OwnedBuffer remote_buffer;
+  OwnedBuffer local_buffer;
+  Pair pair;
+  BackendRegion remote;
+};
+
+void set_up(const ContractParam& param, std::size_t size, std::chrono::milliseconds delay, Transfers& t) {
+  t.remote_buffer = OwnedBuffer::allocate(size);
+  t.local_buffer = OwnedBuffer::allocate(size);
+  ASSERT_NO_FATAL_FAILURE(connect(param, t.pair));
+  if (t.pair.initiator.set_transfer_delay) t.pair.initiator.set_transfer_delay(delay);
+  auto remote = map(*t.pair.target.backend, t.remote_buffer.data(), size, Access::remote_read_write);
+  ASSERT_TRUE(remote) << describe(remote);
+  t.remote = std::move(remote).value();
+}
+
+TEST_P(BackendContract, PartialOrTotalCancellationLeavesATransferToItsRealResult) {
+  constexpr std::size_t size = 1 * MiB;
+  // Declared first: outlives the backends, whose threads post into it.
+  asio::io_context io;
+  Transfers t;
+  ASSERT_NO_FATAL_FAILURE(set_up(GetParam(), size, 20ms, t));  // still running at the signal
+  auto& [remote_buffer, local_buffer, pair, remote] = t;
+  auto& initiator = *pair.initiator.backend;
+  Registry registry(pair.initiator.backend, RegistryConfig{.budget_bytes = 2 * size});
+  auto guard = registry.async_register(local_buffer.bytes(), Access::local, asio::use_future).get();
+  ASSERT_TRUE(guard) << describe(guard);
+  const RemoteRegion remote_region{initiator.wire_id(), 1, address(remote_buffer.data()), size,
+                                   remote.packed_key};
+
+  // Neither allows a `cancelled` answer while the bytes may still land, so
+  // the transfer runs on, through the seam and through a RegionGuard alike.
+  std::uint64_t seed = 71;
+  for (const auto type : {asio::cancellation_type::partial, asio::cancellation_type::total}) {
+    for (const bool through_guard : {false, true}) {
+      for (const bool is_put : {false, true}) {
+        for (const bool hold_progress : {false, true}) {
+          SCOPED_TRACE(::testing::Message() << name_of(type) << (is_put ? " put" : " get")
+                                            << (through_guard ? " through a guard" : " through the seam")
+                                            << (hold_progress ? ", before it ran" : ", in flight"));
+          fill(remote_buffer.data(), size, seed++);
+          fill(local_buffer.data(), size, seed++);
+          const auto expected = copy_of(is_put ? local_buffer.data() : remote_buffer.data(), size);
+          asio::cancellation_signal signal;
+          std::optional<Result<void>> outcome;
+          int calls = 0;
+          auto handler = asio::bind_cancellation_slot(signal.slot(), asio::bind_executor(io, [&](Result<void> r) {
+                                                        ++calls;
+                                                        outcome = r;
+                                                      }));
+          {
+            std::optional<ProgressBlocker> blocker;
+            if (hold_progress) {
+              blocker.emplace(initiator);
+              ASSERT_TRUE(blocker->blocked()) << "the progress thread never ran the blocking callback";
+            }
+            if (through_guard) {
+              const TransferRange range{0, 0, size};
+              if (is_put) {
+                guard.value().async_put(pair.peer, remote_region, range, std::move(handler));
+              } else {
+                guard.value().async_get(pair.peer, remote_region, range, std::move(handler));
+              }
+            } else {
+              TransferRequest request{pair.peer, guard.value().id(), 0, address(remote_buffer.data()), size,
+                                      remote.packed_key};
+              if (is_put) {
+                initiator.async_put(std::move(request), std::move(handler));
+              } else {
+                initiator.async_get(std::move(request), std::move(handler));
+              }
+            }
+            signal.emit(type);  // io is not running: the slot is ours alone
+          }
+          ASSERT_TRUE(run_until(io, [&] { return outcome.has_value(); })) << "the transfer was never answered";
+          EXPECT_TRUE(*outcome) << describe(*outcome);
+          EXPECT_TRUE(same_bytes(is_put ? remote_buffer.data() : local_buffer.data(), expected.data(), size))
+              << "the transfer did not run to its end";
+          drain(io);
+          EXPECT_EQ(calls, 1);
+        }
+      }
+    }
+  }
+}
+
+TEST_P(BackendContract, PartialOrTotalCancellationLeavesAnUnmapToItsRealResult) {
+  constexpr std::size_t size = 16 * MiB;
+  // Declared first: outlives the backends, whose threads post into it.
+  asio::io_context io;
+  Transfers t;
+  ASSERT_NO_FATAL_FAILURE(set_up(GetParam(), size, 50ms, t));  // the unmap surely waits
+  auto& [remote_buffer, local_buffer, pair, remote] = t;
+  auto& initiator = *pair.initiator.backend;
+  // An unmap goes ahead once submitted, so only a terminal cancellation may
+  // answer it early: here it waits for a transfer when the signal comes.
+  for (const auto type : {asio::cancellation_type::partial, asio::cancellation_type::total}) {
+    SCOPED_TRACE(name_of(type));
+    auto local = map(initiator, local_buffer.data(), size, Access::local);
+    ASSERT_TRUE(local) << describe(local);
+    Answer<void> got;
+    asio::cancellation_signal signal;
+    std::optional<Result<void>> outcome;
+    int calls = 0;
+    {
+      ProgressBlocker blocker(initiator);
+      ASSERT_TRUE(blocker.blocked()) << "the progress thread never ran the blocking callback";
+      initiator.async_get({pair.peer, local.value().id, 0, address(remote_buffer.data()), size,
+                           remote.packed_key},
+                          got.handler());
+      initiator.async_unmap(local.value().id,
+                            asio::bind_cancellation_slot(signal.slot(), asio::bind_executor(io, [&](Result<void> r) {
+                                                           ++calls;
+                                                           outcome = r;
+                                                         })));
+      signal.emit(type);  // io is not running: the slot is ours alone
+    }
+    ASSERT_TRUE(run_until(io, [&] { return outcome.has_value(); })) << "the unmap was never answered";
+    EXPECT_TRUE(*outcome) << describe(*outcome);
+    const auto g = got.wait();
+    ASSERT_TRUE(g.has_value()) << "the get was never answered";
+    EXPECT_TRUE(*g) << describe(*g);
+    EXPECT_EQ(initiator.live_registrations(), 0u) << "success from unmap means no longer registered";
+    drain(io);
+    EXPECT_EQ(calls, 1);
+  }
+}
+
 // ===========================================================================
 // 8. Every request is validated before it reaches the provider.
 // ===========================================================================
@@ -1111,6 +1256,178 @@ TEST_P(BackendContract, OperationsAfterShutdownAnswerShuttingDown) {
   auto again = call<void>([&](auto h) { initiator.async_shutdown(std::move(h)); });
   EXPECT_TRUE(again || failed_with(again, errc::shutting_down)) << describe(again);
   EXPECT_EQ(initiator.live_registrations(), 0u);
+}
+
+// ===========================================================================
+// 11. A registry and its backend shut down in any order.
+// ===========================================================================
+
+enum class ShutdownOrder {
+  registry_then_backend,  ///< the registry's shutdown answered, then the backend's starts
+  backend_then_registry,  ///< the backend's shutdown answered, then the registry's starts
+  registry_first,         ///< the backend's starts while the registry's still runs
+  backend_first,          ///< the registry's starts while the backend's still drains
+  same_tick,              ///< both start from one handler, nothing run in between
+};
+
+/// A registry over the initiator with many guards: some with a transfer in
+/// flight (half of those already dropped), some with a deregistered() waiter,
+/// some asking to deregister, and registrations still in flight; then both
+/// shut down in `order`. Every caller is answered exactly once, and the
+/// registry ends holding nothing: no bytes, no regions, no buffer kept.
+void shut_down_registry_and_backend(const ContractParam& param, ShutdownOrder order) {
+  constexpr std::size_t guards = 24;
+  constexpr std::size_t in_flight = 2;  // registrations not yet answered
+  constexpr std::size_t slice = 1 * MiB;
+  // Declared first: outlives the backends, whose threads post into it.
+  asio::io_context io;
+  auto remote_buffer = OwnedBuffer::allocate(guards * slice);
+  auto local_buffer = OwnedBuffer::allocate((guards + in_flight) * slice);
+  fill(remote_buffer.data(), remote_buffer.size(), 61);
+  Pair pair;
+  ASSERT_NO_FATAL_FAILURE(connect(param, pair));
+  auto& backend = *pair.initiator.backend;
+  auto remote_mapped = map(*pair.target.backend, remote_buffer.data(), remote_buffer.size(), Access::remote_read_write);
+  ASSERT_TRUE(remote_mapped) << describe(remote_mapped);
+  // Fully connected before anything shuts down (see PeerShutdownDuringGets...).
+  {
+    auto warm_region = map(backend, local_buffer.data(), 64, Access::local);
+    ASSERT_TRUE(warm_region) << describe(warm_region);
+    auto warm = get(backend, {pair.peer, warm_region.value().id, 0, address(remote_buffer.data()), 64,
+                              remote_mapped.value().packed_key});
+    ASSERT_TRUE(warm) << describe(warm);
+    ASSERT_TRUE(unmap(backend, warm_region.value().id));
+  }
+  if (pair.initiator.set_transfer_delay) pair.initiator.set_transfer_delay(100ms);  // surely in flight
+  const RemoteRegion remote{backend.wire_id(), 1, address(remote_buffer.data()), remote_buffer.size(),
+                            remote_mapped.value().packed_key};
+
+  Registry registry(pair.initiator.backend, RegistryConfig{.budget_bytes = 1024 * MiB});
+  std::vector<RegionGuard> kept;
+  std::vector<DeregisteredEvent> events;
+  for (std::size_t i = 0; i < guards; ++i) {
+    Result<RegionGuard> guard = fail(errc::backend, "not registered");
+    if (i % 2 == 0) {
+      auto owned = registry.async_register_owned(OwnedBuffer::allocate(slice), Access::local, asio::use_future).get();
+      if (owned) guard = std::move(owned).value();
+    } else {
+      guard = registry.async_register(local_buffer.bytes().subspan(i * slice, slice), Access::local,
+                                      asio::use_future).get();
+    }
+    ASSERT_TRUE(guard) << describe(guard);
+    events.push_back(guard.value().deregistered());
+    kept.push_back(std::move(guard).value());
+  }
+
+  // Every caller gets one slot: transfers, waiters, deregistrations,
+  // registrations in flight.
+  auto tally = std::make_shared<Tally>(2 * guards + in_flight);
+  std::size_t callers = 0;
+  for (std::size_t i = 0; i < guards; ++i) {
+    auto& guard = kept[i];
+    if (i % 3 == 0) {
+      const TransferRange range{0, i * slice, slice};
+      if (i % 2 == 0) {
+        guard.async_get(pair.peer, remote, range, tally->handler<void>(callers++));
+      } else {
+        guard.async_put(pair.peer, remote, range, tally->handler<void>(callers++));
+      }
+      if (i % 6 == 0) guard = RegionGuard{};  // deregisters once the transfer ends
+    } else if (i % 3 == 1) {
+      events[i].async_wait(tally->handler<void>(callers++));
+    } else if (i % 4 == 2) {
+      guard.async_deregister(tally->handler<void>(callers++));
+    }
+  }
+  for (std::size_t k = 0; k < in_flight; ++k) {
+    auto memory = local_buffer.bytes().subspan((guards + k) * slice, slice);
+    registry.async_register(memory, Access::local,
+                            [h = tally->handler<void>(callers++)](Result<RegionGuard> r) {
+                              // The guard, if any, is dropped here: it deregisters.
+                              h(r ? Result<void>(success()) : Result<void>(std::move(r).error()));
+                            });
+  }
+
+  Answer<void> registry_down;
+  Answer<void> backend_down;
+  auto registry_shutdown = [&] { registry.async_shutdown(10s, registry_down.handler()); };
+  auto backend_shutdown = [&] { backend.async_shutdown(backend_down.handler()); };
+  switch (order) {
+    case ShutdownOrder::registry_then_backend:
+      registry_shutdown();
+      ASSERT_TRUE(registry_down.wait(10s)) << "the registry's shutdown was never answered";
+      backend_shutdown();
+      break;
+    case ShutdownOrder::backend_then_registry:
+      backend_shutdown();
+      ASSERT_TRUE(backend_down.wait(10s)) << "the backend's shutdown was never answered";
+      registry_shutdown();
+      break;
+    case ShutdownOrder::registry_first:
+      registry_shutdown();
+      backend_shutdown();
+      break;
+    case ShutdownOrder::backend_first:
+      backend_shutdown();
+      registry_shutdown();
+      break;
+    case ShutdownOrder::same_tick:
+      asio::post(io, [&] {
+        registry_shutdown();
+        backend_shutdown();
+      });
+      io.run();
+      break;
+  }
+  const auto registry_outcome = registry_down.wait(15s);
+  ASSERT_TRUE(registry_outcome) << "the registry's shutdown was never answered";
+  EXPECT_TRUE(*registry_outcome) << describe(*registry_outcome);
+  const auto backend_outcome = backend_down.wait(15s);
+  ASSERT_TRUE(backend_outcome) << "the backend's shutdown was never answered";
+  EXPECT_TRUE(*backend_outcome) << describe(*backend_outcome);
+  EXPECT_TRUE(tally->wait_for_total(static_cast<int>(callers)))
+      << "only " << tally->total() << " of " << callers << " callers were answered";
+  kept.clear();
+  for (std::size_t i = 0; i < events.size(); ++i) EXPECT_TRUE(events[i].is_set()) << "region " << i;
+  // One more round trip through the registry: a second answer to any
+  // caller would have been queued by now.
+  auto late = registry.async_register(local_buffer.bytes().first(slice), Access::local, asio::use_future).get();
+  EXPECT_TRUE(failed_with(late, errc::shutting_down)) << describe(late);
+  for (std::size_t i = 0; i < callers; ++i) {
+    EXPECT_EQ(tally->calls(i), 1) << "caller " << i;
+    const auto code = tally->code(i);
+    if (code) {
+      EXPECT_EQ(&code.category(), &corma::error_category()) << "caller " << i << ": " << code.message();
+    }
+  }
+  const auto stats = registry.stats();
+  EXPECT_EQ(stats.registered_bytes, 0u);
+  EXPECT_EQ(stats.reserved_bytes, 0u);
+  EXPECT_EQ(stats.regions, 0u);
+  EXPECT_EQ(stats.leaked_owned_buffers, 0u);
+  EXPECT_EQ(backend.live_registrations(), 0u);
+  EXPECT_EQ(registry_down.calls(), 1);
+  EXPECT_EQ(backend_down.calls(), 1);
+}
+
+TEST_P(BackendContract, RegistryShutDownThenBackendLeavesNothingBehind) {
+  shut_down_registry_and_backend(GetParam(), ShutdownOrder::registry_then_backend);
+}
+
+TEST_P(BackendContract, BackendShutDownThenRegistryLeavesNothingBehind) {
+  shut_down_registry_and_backend(GetParam(), ShutdownOrder::backend_then_registry);
+}
+
+TEST_P(BackendContract, RegistryShuttingDownFirstLeavesNothingBehind) {
+  shut_down_registry_and_backend(GetParam(), ShutdownOrder::registry_first);
+}
+
+TEST_P(BackendContract, BackendShuttingDownFirstLeavesNothingBehind) {
+  shut_down_registry_and_backend(GetParam(), ShutdownOrder::backend_first);
+}
+
+TEST_P(BackendContract, RegistryAndBackendShuttingDownInOneTickLeaveNothingBehind) {
+  shut_down_registry_and_backend(GetParam(), ShutdownOrder::same_tick);
 }
 
 }  // namespace

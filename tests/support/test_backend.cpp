@@ -129,6 +129,10 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
   bool holding_transfers = false;
   std::vector<std::uint64_t> held_transfers;
   bool shut_down = false;
+  static constexpr std::chrono::seconds drain_limit{5};
+  bool draining = false;  // shut down, waiting for transfers in flight
+  std::unique_ptr<asio::steady_timer> drain_timer;
+  std::vector<Completion<void(Result<void>)>> shutdown_waiters;
   std::uint64_t next_id = 1;
   std::map<RegionId, Region> regions;
   std::map<PeerId, Peer> peers;
@@ -153,23 +157,19 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
   }
 
   /// Installs a cancellation handler on the caller's thread (where the slot
-  /// lives) that forwards to the progress thread.
-  template <class Fn>
-  void on_cancel(asio::cancellation_slot slot, Fn fn) {
-    if (!slot.is_connected()) return;
-    slot.assign([weak = weak_from_this(), fn = std::move(fn)](asio::cancellation_type) {
-      post_to(weak, fn);
-    });
+  /// lives) that forwards the `honoured` types to the progress thread.
+  template <class Completion, class Fn>
+  void on_cancel(const Completion& completion, asio::cancellation_type honoured, Fn fn) {
+    completion.on_cancellation(honoured, [weak = weak_from_this(), fn = std::move(fn)] { post_to(weak, fn); });
   }
 
   /// The same, but first marks `op` cancelled on the emitting thread, so a
   /// command still queued behind other work (the progress thread is busy)
   /// sees the cancellation when it runs instead of running first.
   template <class Op, class Fn>
-  void on_cancel(asio::cancellation_slot slot, const std::shared_ptr<Op>& op, Fn fn) {
-    if (!slot.is_connected()) return;
-    slot.assign([weak = weak_from_this(), weak_op = std::weak_ptr<Op>(op),
-                 fn = std::move(fn)](asio::cancellation_type) {
+  void on_cancel(const std::shared_ptr<Op>& op, asio::cancellation_type honoured, Fn fn) {
+    op->completion.on_cancellation(honoured, [weak = weak_from_this(), weak_op = std::weak_ptr<Op>(op),
+                                              fn = std::move(fn)] {
       if (auto live_op = weak_op.lock()) live_op->cancel_requested.store(true);
       post_to(weak, fn);
     });
@@ -384,8 +384,11 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
     if (auto admitted = admit_transfer(*op); !admitted) {
       transfers.erase(op_id);
       changed.notify_all();
+      const bool drained = last_to_drain();
       lock.unlock();
-      return op->completion.dispatch(std::move(admitted).error());
+      op->completion.dispatch(std::move(admitted).error());
+      if (drained) finish_shutdown();
+      return;
     }
     changed.notify_all();
     if (holding_transfers) {
@@ -446,14 +449,8 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
       // Pinned by admit_transfer: the region cannot have gone.
       local = regions.at(op->request.local).addr + op->request.local_offset;
     }
-    Result<void> outcome = shut_down_now() ? Result<void>(fail(errc::shutting_down, "backend shut down"))
-                                           : copy_bytes(*op, local);
-    finish_transfer(op_id, std::move(outcome));
-  }
-
-  bool shut_down_now() const {
-    std::lock_guard lock(mutex);
-    return shut_down;
+    // Admitted before any shutdown: it drains, with its real result.
+    finish_transfer(op_id, copy_bytes(*op, local));
   }
 
   void finish_transfer(std::uint64_t op_id, Result<void> outcome) {
@@ -468,11 +465,16 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
       waiters = remove_region(op->request.local);
     }
     changed.notify_all();
+    const bool drained = last_to_drain();
     lock.unlock();
     // The transfer ended before the unmap did: answer in that order.
     if (op->completion) op->completion.dispatch(std::move(outcome));
     answer_all(std::move(waiters));
+    if (drained) finish_shutdown();
   }
+
+  /// Whether a shutdown waits for transfers and none is left (mutex held).
+  [[nodiscard]] bool last_to_drain() const { return draining && transfers.empty(); }
 
   void cancel_transfer(std::uint64_t op_id) {
     Completion<void(Result<void>)> completion;
@@ -490,29 +492,50 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
 
   // ---- shutdown (progress thread) ----
 
-  void run_shutdown() {
-    std::vector<std::shared_ptr<MapOp>> pending_maps;
-    std::vector<std::uint64_t> pending_transfers;
-    {
-      std::lock_guard lock(mutex);
-      shut_down = true;
-      for (auto& [id, op] : maps) pending_maps.push_back(op);
-      for (auto& [id, op] : transfers) pending_transfers.push_back(id);
-    }
-    for (auto& op : pending_maps) {
-      if (op->timer) op->timer->cancel();
-    }
+  /// The provider backends' order (docs/backends.md, "Shutdown order"):
+  /// refuse new work at once, undo maps not yet answered, give transfers in
+  /// flight until `drain_limit` to end (held ones until released), then fail
+  /// what is left, unmap everything and answer. While it drains, the backend
+  /// still holds registrations it already refuses to unmap. `force` (the
+  /// destructor) does not wait.
+  void run_shutdown(Completion<void(Result<void>)> done, bool force) {
     {
       std::unique_lock lock(mutex);
+      shut_down = true;
+      if (done) shutdown_waiters.push_back(std::move(done));
       std::vector<std::uint64_t> ids;
       for (auto& [id, op] : maps) ids.push_back(id);
       for (auto id : ids) {
         answer_map(lock, id, fail(errc::shutting_down, "backend shut down"));
         lock.lock();
       }
+      if (!force && !transfers.empty()) {
+        if (!draining) {
+          draining = true;
+          drain_timer = std::make_unique<asio::steady_timer>(io, drain_limit);
+          drain_timer->async_wait([self = shared_from_this()](boost::system::error_code ec) {
+            if (!ec) self->finish_shutdown();
+          });
+        }
+        return;
+      }
+    }
+    finish_shutdown();
+  }
+
+  /// Ends a shutdown once its transfers drained (or ran out of time): fails
+  /// the transfers still in flight, unmaps everything, answers the callers.
+  void finish_shutdown() {
+    std::vector<std::uint64_t> pending_transfers;
+    {
+      std::lock_guard lock(mutex);
+      draining = false;
+      if (drain_timer) drain_timer->cancel();
+      for (auto& [id, op] : transfers) pending_transfers.push_back(id);
     }
     for (auto id : pending_transfers) finish_transfer(id, fail(errc::shutting_down, "backend shut down"));
     Waiters waiters;
+    std::vector<Completion<void(Result<void>)>> done;
     {
       std::lock_guard lock(mutex);
       std::vector<RegionId> ids;
@@ -521,8 +544,10 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
         for (auto& waiter : remove_region(id)) waiters.push_back(std::move(waiter));
       }
       peers.clear();
+      done.swap(shutdown_waiters);
     }
     answer_all(std::move(waiters));
+    for (auto& completion : done) completion.dispatch(success());
   }
 };
 
@@ -544,7 +569,7 @@ TestBackend::~TestBackend() {
     fabric().backends.erase(state_->instance);
   }
   asio::post(state_->io, [state = state_] {
-    state->run_shutdown();
+    state->run_shutdown({}, true);
     state->work.reset();
   });
   // The last reference can be dropped by a completion running on our own
@@ -640,7 +665,7 @@ void TestBackend::do_map(void* ptr, std::size_t len, Access access, Handler<Back
     op_id = state_->next_id++;
     state_->maps.emplace(op_id, op);
   }
-  state_->on_cancel(op->completion.cancellation_slot(), op, [op_id](State& s) { s.cancel_map(op_id); });
+  state_->on_cancel(op, detail::any_cancellation, [op_id](State& s) { s.cancel_map(op_id); });
   asio::post(state_->io, [state = state_, op_id] { state->run_map(op_id); });
 }
 
@@ -648,7 +673,7 @@ void TestBackend::do_unmap(RegionId id, Handler<void> h) {
   auto op = std::make_shared<State::UnmapOp>();
   op->completion = Completion<void(Result<void>)>(std::move(h));
   op->id = id;
-  state_->on_cancel(op->completion.cancellation_slot(), op,
+  state_->on_cancel(op, detail::terminal_only,
                     [weak_op = std::weak_ptr<State::UnmapOp>(op)](State& s) { s.cancel_unmap(weak_op); });
   asio::post(state_->io, [state = state_, op] { state->run_unmap(op); });
 }
@@ -667,7 +692,7 @@ void TestBackend::transfer(bool is_put, TransferRequest request, Handler<void> h
     op_id = state_->next_id++;
     state_->transfers.emplace(op_id, op);
   }
-  state_->on_cancel(op->completion.cancellation_slot(), [op_id](State& s) { s.cancel_transfer(op_id); });
+  state_->on_cancel(op->completion, detail::terminal_only, [op_id](State& s) { s.cancel_transfer(op_id); });
   asio::post(state_->io, [state = state_, op_id] { state->run_transfer(op_id); });
 }
 
@@ -731,8 +756,7 @@ void TestBackend::do_peer_close(PeerId peer, Handler<void> h) {
 
 void TestBackend::do_shutdown(Handler<void> h) {
   asio::post(state_->io, [state = state_, c = Completion<void(Result<void>)>(std::move(h))]() mutable {
-    state->run_shutdown();
-    c.dispatch(success());
+    state->run_shutdown(std::move(c), false);
   });
 }
 

@@ -47,7 +47,8 @@ class TestBackend final : public RdmaBackend {
   void release_maps();
 
   /// Admitted transfers wait before moving bytes until release_transfers():
-  /// the deterministic "in flight" window.
+  /// the deterministic "in flight" window. async_shutdown() drains them like
+  /// the provider backends do (up to 5 s), still holding their regions.
   void hold_transfers();
   void release_transfers();
 

@@ -7,6 +7,7 @@
 #include <boost/asio/any_completion_handler.hpp>
 #include <boost/asio/associated_cancellation_slot.hpp>
 #include <boost/asio/associated_executor.hpp>
+#include <boost/asio/cancellation_type.hpp>
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/execution/outstanding_work.hpp>
 #include <boost/asio/post.hpp>
@@ -40,6 +41,16 @@ class RollbackUnlessDelivered {
  private:
   std::function<void()> rollback_;
 };
+
+/// Which cancellation types an operation honours. Asio's `terminal` lets an
+/// operation's effects go on after its caller is answered `cancelled`;
+/// `partial` and `total` promise a known or an unchanged state. A transfer
+/// (its bytes may still land) and an unmap (it proceeds once submitted)
+/// honour `terminal_only` and run to their real result on the others; a map,
+/// whose cancellation leaves nothing behind, honours `any_cancellation`.
+inline constexpr asio::cancellation_type terminal_only = asio::cancellation_type::terminal;
+inline constexpr asio::cancellation_type any_cancellation =
+    asio::cancellation_type::terminal | asio::cancellation_type::partial | asio::cancellation_type::total;
 
 template <class Signature>
 class Completion;
@@ -80,6 +91,19 @@ class Completion<void(Args...)> {
   /// thread: Asio slots are not thread-safe, and a late signal after
   /// completion is a harmless no-op.
   [[nodiscard]] asio::cancellation_slot cancellation_slot() const noexcept { return slot_; }
+
+  /// Assigns `on_cancel()` to the caller's slot, if connected, called only
+  /// for the signals of a type in `honoured`; call it on the caller's thread,
+  /// at initiation.
+  template <class OnCancel>
+  void on_cancellation(asio::cancellation_type honoured, OnCancel on_cancel) const {
+    if (!slot_.is_connected()) return;
+    asio::cancellation_slot slot = slot_;
+    slot.assign([honoured, on_cancel = std::move(on_cancel)](asio::cancellation_type type) mutable {
+      if ((type & honoured) == asio::cancellation_type::none) return;  // not honoured: runs on
+      on_cancel();
+    });
+  }
 
   /// Completes on the handler's executor; runs inline only when the current
   /// thread already runs in that executor. Never call it from the initiating

@@ -65,10 +65,11 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   template <class Command, class Refuse>
   void submit(Command command, Refuse refuse);
 
-  /// Installs a cancellation handler (on the caller's thread) that flags the
-  /// op and posts `on_cancel` to the progress thread.
+  /// Installs a cancellation handler (on the caller's thread) that, for the
+  /// `honoured` types, flags the op and posts `on_cancel` to the progress
+  /// thread.
   template <class Op, class OnCancel>
-  void watch_cancellation(const std::shared_ptr<Op>& op, OnCancel on_cancel);
+  void watch_cancellation(const std::shared_ptr<Op>& op, asio::cancellation_type honoured, OnCancel on_cancel);
 
   // ---- provider hooks (progress thread) ----
 
@@ -193,11 +194,10 @@ void EngineCore::submit(Command command, Refuse refuse) {
 }
 
 template <class Op, class OnCancel>
-void EngineCore::watch_cancellation(const std::shared_ptr<Op>& op, OnCancel on_cancel) {
-  auto slot = op->completion.cancellation_slot();
-  if (!slot.is_connected()) return;
-  slot.assign([weak_engine = weak_from_this(), weak_op = std::weak_ptr<Op>(op),
-               on_cancel](asio::cancellation_type) {
+void EngineCore::watch_cancellation(const std::shared_ptr<Op>& op, asio::cancellation_type honoured,
+                                    OnCancel on_cancel) {
+  op->completion.on_cancellation(honoured, [weak_engine = weak_from_this(), weak_op = std::weak_ptr<Op>(op),
+                                            on_cancel] {
     auto target = weak_op.lock();
     if (!target) return;
     target->cancelled.store(true, std::memory_order_release);
