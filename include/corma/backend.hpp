@@ -142,7 +142,8 @@ class RdmaBackend {
         std::move(request));
   }
 
-  /// Initiator: creates a pending peer and the offer to send to the target.
+  /// Initiator — the side that gets from and puts to the target: creates a
+  /// pending peer and the offer to send to the target.
   template <asio::completion_token_for<void(Result<PeerOffer>)> Token>
   auto async_peer_offer(Token&& token) {
     return asio::async_initiate<Token, void(Result<PeerOffer>)>(
@@ -150,6 +151,9 @@ class RdmaBackend {
   }
 
   /// Target: accepts an offer, creating its peer and the answer to send back.
+  /// The offer comes from the network: the backend checks every byte of it
+  /// (`protocol` otherwise). Transfers go from the initiator; a backend may
+  /// refuse transfers from the target towards the peer (`not_configured`).
   template <asio::completion_token_for<void(Result<PeerAnswer>)> Token>
   auto async_peer_accept(std::vector<std::byte> offer, Token&& token) {
     return asio::async_initiate<Token, void(Result<PeerAnswer>)>(
