@@ -160,7 +160,13 @@ TEST_F(HostileClients, TwoThousandHugeFramePrefixesCostLittleMemory) {
   std::printf("[ figure ] %d greedy connections: server resident set %.1f -> %.1f MiB (+%.1f MiB)\n", greedy,
               static_cast<double>(before) / (1 << 20), static_cast<double>(after) / (1 << 20),
               static_cast<double>(grown) / (1 << 20));
+#if defined(__SANITIZE_ADDRESS__)
+  // Redzones and the quarantine of freed memory make the figure meaningless
+  // under AddressSanitizer; the bound is checked by the plain build.
+  std::printf("[ figure ] (AddressSanitizer build: the 64 MiB bound is not checked here)\n");
+#else
   EXPECT_LT(grown, std::uint64_t{64} << 20);
+#endif
   // Others are still served meanwhile.
   ASSERT_EQ(get("127.0.0.1:" + std::to_string(port), "small.bin", base / "small.out"), 0);
 }
