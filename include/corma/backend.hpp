@@ -85,6 +85,9 @@ struct PeerAnswer {
 /// An asynchronous RDMA provider. Every public operation is an Asio
 /// initiating function (any completion token) completing with a Result;
 /// see docs/architecture.md for the contract every implementation honours.
+/// Like an Asio I/O object (it is neither copied nor moved, and lives behind
+/// a shared_ptr), it must outlive the launch of its operations: one created
+/// with `asio::deferred` refers to the backend, not to shared state.
 class RdmaBackend {
  public:
   template <class T>

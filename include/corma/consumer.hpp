@@ -68,7 +68,9 @@ class Consumer {
 
   /// Fetches `name`. Tries RDMA when the owner grants it and falls back to
   /// the chunked path exactly once on any failure of that path; the lease is
-  /// released in every outcome.
+  /// released in every outcome. A cancelled fetch answers `cancelled` at
+  /// its next safe point, never mid-request, so the fetches queued behind
+  /// it keep the connection (docs/protocol.md, "Cancelling a fetch").
   boost::asio::awaitable<Result<Fetched>> async_fetch(std::string name);
 
   /// Fetches `name` into `destination`: a region of the consumer's registry

@@ -45,23 +45,29 @@ class DeregisteredEvent {
  public:
   [[nodiscard]] bool is_set() const;
 
+  /// The operation holds the event's state, not the event: a deferred wait
+  /// may be launched after the (often temporary) event is gone.
   template <asio::completion_token_for<void(Result<void>)> Token>
   auto async_wait(Token&& token) const {
     return asio::async_initiate<Token, void(Result<void>)>(
-        [this](auto handler) { do_wait(std::move(handler)); }, token);
+        [latch = latch_](auto handler) { do_wait(latch, std::move(handler)); }, token);
   }
 
  private:
   friend class RegionGuard;
   explicit DeregisteredEvent(std::shared_ptr<detail::Latch> latch) : latch_(std::move(latch)) {}
-  void do_wait(asio::any_completion_handler<void(Result<void>)> handler) const;
+  static void do_wait(const std::shared_ptr<detail::Latch>& latch,
+                      asio::any_completion_handler<void(Result<void>)> handler);
 
   std::shared_ptr<detail::Latch> latch_;
 };
 
 /// Move-only owner of one registration. Destroying it never blocks: it starts
 /// deregistration in the background (on the backend's thread), and the budget
-/// comes back when the backend confirms the unmap.
+/// comes back when the backend confirms the unmap. Its operations hold the
+/// region's state, not the guard: one created with `asio::deferred` acts on
+/// the region the guard held then, even if the guard has moved or gone by
+/// the time it is launched.
 class RegionGuard {
  public:
   RegionGuard() noexcept;
@@ -97,8 +103,8 @@ class RegionGuard {
   template <asio::completion_token_for<void(Result<void>)> Token>
   auto async_get(PeerId peer, const RemoteRegion& remote, TransferRange range, Token&& token) {
     return asio::async_initiate<Token, void(Result<void>)>(
-        [this](auto handler, PeerId p, RemoteRegion rr, TransferRange r) {
-          do_transfer(false, p, std::move(rr), r, std::move(handler));
+        [state = state_](auto handler, PeerId p, RemoteRegion rr, TransferRange r) mutable {
+          do_transfer(std::move(state), false, p, std::move(rr), r, std::move(handler));
         },
         token, peer, remote, range);
   }
@@ -108,8 +114,8 @@ class RegionGuard {
   template <asio::completion_token_for<void(Result<void>)> Token>
   auto async_put(PeerId peer, const RemoteRegion& remote, TransferRange range, Token&& token) {
     return asio::async_initiate<Token, void(Result<void>)>(
-        [this](auto handler, PeerId p, RemoteRegion rr, TransferRange r) {
-          do_transfer(true, p, std::move(rr), r, std::move(handler));
+        [state = state_](auto handler, PeerId p, RemoteRegion rr, TransferRange r) mutable {
+          do_transfer(std::move(state), true, p, std::move(rr), r, std::move(handler));
         },
         token, peer, remote, range);
   }
@@ -120,16 +126,18 @@ class RegionGuard {
   template <asio::completion_token_for<void(Result<void>)> Token>
   auto async_deregister(Token&& token) {
     return asio::async_initiate<Token, void(Result<void>)>(
-        [this](auto handler) { do_deregister(std::move(handler)); }, token);
+        [state = state_](auto handler) { do_deregister(state, std::move(handler)); }, token);
   }
 
  private:
   friend class detail::RegistryCore;
   explicit RegionGuard(std::shared_ptr<detail::RegionState> state) noexcept;
 
-  void do_transfer(bool is_put, PeerId peer, RemoteRegion remote, TransferRange range,
-                   asio::any_completion_handler<void(Result<void>)> handler);
-  void do_deregister(asio::any_completion_handler<void(Result<void>)> handler);
+  static void do_transfer(std::shared_ptr<detail::RegionState> state, bool is_put, PeerId peer,
+                          RemoteRegion remote, TransferRange range,
+                          asio::any_completion_handler<void(Result<void>)> handler);
+  static void do_deregister(const std::shared_ptr<detail::RegionState>& state,
+                            asio::any_completion_handler<void(Result<void>)> handler);
   void release() noexcept;
 
   std::shared_ptr<detail::RegionState> state_;

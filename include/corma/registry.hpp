@@ -73,7 +73,10 @@ using OwnedResult = Result<RegionGuard, OwnedRegistrationFailure>;
 
 /// Registers memory under a byte budget and hands out RegionGuards. The
 /// Registry object may be destroyed while guards live: they keep what they
-/// need, and their background deregistration still completes.
+/// need, and their background deregistration still completes. Its
+/// operations hold the shared core, not the Registry object: one created
+/// with `asio::deferred` still works when launched after the object moved or
+/// was destroyed.
 class Registry {
  public:
   Registry(std::shared_ptr<RdmaBackend> backend, RegistryConfig config);
@@ -86,8 +89,8 @@ class Registry {
   template <asio::completion_token_for<void(Result<RegionGuard>)> Token>
   auto async_register(std::span<std::byte> memory, Access access, Token&& token) {
     return asio::async_initiate<Token, void(Result<RegionGuard>)>(
-        [this](auto handler, std::span<std::byte> m, Access a) {
-          do_register(m, a, std::move(handler));
+        [core = core_](auto handler, std::span<std::byte> m, Access a) {
+          do_register(core, m, a, std::move(handler));
         },
         token, memory, access);
   }
@@ -97,8 +100,8 @@ class Registry {
   template <asio::completion_token_for<void(OwnedResult)> Token>
   auto async_register_owned(OwnedBuffer buffer, Access access, Token&& token) {
     return asio::async_initiate<Token, void(OwnedResult)>(
-        [this](auto handler, OwnedBuffer b, Access a) {
-          do_register_owned(std::move(b), a, std::move(handler));
+        [core = core_](auto handler, OwnedBuffer b, Access a) {
+          do_register_owned(core, std::move(b), a, std::move(handler));
         },
         token, std::move(buffer), access);
   }
@@ -113,10 +116,10 @@ class Registry {
   template <asio::completion_token_for<void(Result<void>)> Token>
   auto async_shutdown(std::chrono::steady_clock::duration deadline, Token&& token) {
     return asio::async_initiate<Token, void(Result<void>)>(
-        [this](auto handler, std::chrono::steady_clock::duration d) {
+        [core = core_](auto handler, std::chrono::steady_clock::duration d) {
           // The deadline timer runs on the caller's executor.
           auto timer = std::make_shared<asio::steady_timer>(asio::get_associated_executor(handler));
-          do_shutdown(d, std::move(timer), std::move(handler));
+          do_shutdown(core, d, std::move(timer), std::move(handler));
         },
         token, deadline);
   }
@@ -129,13 +132,14 @@ class Registry {
   [[nodiscard]] const std::shared_ptr<RdmaBackend>& backend() const noexcept;
 
  private:
-  void do_register(std::span<std::byte> memory, Access access,
-                   asio::any_completion_handler<void(Result<RegionGuard>)> handler);
-  void do_register_owned(OwnedBuffer buffer, Access access,
-                         asio::any_completion_handler<void(OwnedResult)> handler);
-  void do_shutdown(std::chrono::steady_clock::duration deadline,
-                   std::shared_ptr<asio::steady_timer> timer,
-                   asio::any_completion_handler<void(Result<void>)> handler);
+  using Core = std::shared_ptr<detail::RegistryCore>;
+  static void do_register(const Core& core, std::span<std::byte> memory, Access access,
+                          asio::any_completion_handler<void(Result<RegionGuard>)> handler);
+  static void do_register_owned(const Core& core, OwnedBuffer buffer, Access access,
+                                asio::any_completion_handler<void(OwnedResult)> handler);
+  static void do_shutdown(const Core& core, std::chrono::steady_clock::duration deadline,
+                          std::shared_ptr<asio::steady_timer> timer,
+                          asio::any_completion_handler<void(Result<void>)> handler);
 
   std::shared_ptr<detail::RegistryCore> core_;
 };

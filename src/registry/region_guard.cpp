@@ -17,11 +17,12 @@ using VoidCompletion = Completion<void(Result<void>)>;
 
 bool DeregisteredEvent::is_set() const { return latch_ && latch_->is_set(); }
 
-void DeregisteredEvent::do_wait(asio::any_completion_handler<void(Result<void>)> handler) const {
-  if (!latch_) {
+void DeregisteredEvent::do_wait(const std::shared_ptr<detail::Latch>& latch,
+                                asio::any_completion_handler<void(Result<void>)> handler) {
+  if (!latch) {
     return VoidCompletion(std::move(handler)).post(fail(errc::region_not_found, "empty event"));
   }
-  latch_->wait(std::move(handler));
+  latch->wait(std::move(handler));
 }
 
 RegionGuard::RegionGuard() noexcept = default;
@@ -70,34 +71,36 @@ DeregisteredEvent RegionGuard::deregistered() const {
   return DeregisteredEvent(state_ ? state_->deregistered() : nullptr);
 }
 
-void RegionGuard::do_transfer(bool is_put, PeerId peer, RemoteRegion remote, TransferRange range,
+void RegionGuard::do_transfer(std::shared_ptr<detail::RegionState> state, bool is_put, PeerId peer,
+                              RemoteRegion remote, TransferRange range,
                               asio::any_completion_handler<void(Result<void>)> handler) {
   VoidCompletion completion(std::move(handler));
-  if (!state_) return completion.post(fail(errc::region_not_found, "empty region guard"));
-  if (auto local = validate_slice(range.local_offset, range.len, state_->memory().size()); !local) {
+  if (!state) return completion.post(fail(errc::region_not_found, "empty region guard"));
+  if (auto local = validate_slice(range.local_offset, range.len, state->memory().size()); !local) {
     return completion.post(std::move(local).error());
   }
   if (auto far = validate_slice(range.remote_offset, range.len, remote.len); !far) {
     return completion.post(std::move(far).error());
   }
-  if (remote.backend != state_->backend()->wire_id()) {
+  const auto& backend = state->backend();
+  if (remote.backend != backend->wire_id()) {
     return completion.post(fail(errc::invalid_key,
                                 "remote region belongs to backend " +
                                     std::to_string(static_cast<unsigned>(remote.backend)) + ", not " +
-                                    std::string(state_->backend()->key())));
+                                    std::string(backend->key())));
   }
-  if (!state_->begin_transfer()) {
+  if (!state->begin_transfer()) {
     return completion.post(fail(errc::region_not_found, "region is being deregistered"));
   }
-  TransferRequest request{peer, state_->region().id, range.local_offset,
+  TransferRequest request{peer, state->region().id, range.local_offset,
                           remote.addr + range.remote_offset, range.len, std::move(remote.packed_key)};
   auto slot = completion.cancellation_slot();
+  // `backend` stays valid: the state, moved into the callback, keeps it.
   auto done = asio::bind_cancellation_slot(
-      slot, [state = state_, completion = std::move(completion)](Result<void> outcome) mutable {
+      slot, [state = std::move(state), completion = std::move(completion)](Result<void> outcome) mutable {
         state->end_transfer();
         completion.dispatch(std::move(outcome));
       });
-  const auto& backend = state_->backend();
   if (is_put) {
     backend->async_put(std::move(request), std::move(done));
   } else {
@@ -105,13 +108,14 @@ void RegionGuard::do_transfer(bool is_put, PeerId peer, RemoteRegion remote, Tra
   }
 }
 
-void RegionGuard::do_deregister(asio::any_completion_handler<void(Result<void>)> handler) {
+void RegionGuard::do_deregister(const std::shared_ptr<detail::RegionState>& state,
+                                asio::any_completion_handler<void(Result<void>)> handler) {
   auto completion = std::make_shared<VoidCompletion>(std::move(handler));
-  if (!state_) return completion->post(success());
+  if (!state) return completion->post(success());
   // The listener may run inside this call (the region was already released):
   // then it must post, never complete inline.
   auto initiating = std::make_shared<std::atomic<bool>>(true);
-  state_->request_deregistration([completion, initiating](const Result<void>& outcome) {
+  state->request_deregistration([completion, initiating](const Result<void>& outcome) {
     if (initiating->load(std::memory_order_acquire)) {
       completion->post(outcome);
     } else {

@@ -52,16 +52,16 @@ class CallerBinding {
 
 }  // namespace
 
-void Registry::do_register(std::span<std::byte> memory, Access access,
+void Registry::do_register(const Core& core, std::span<std::byte> memory, Access access,
                            asio::any_completion_handler<void(Result<RegionGuard>)> handler) {
   const CallerBinding caller(handler);
   auto done = caller.bind([h = std::move(handler)](Result<RegionGuard> r, OwnedBuffer) mutable {
     std::move(h)(std::move(r));
   });
-  core_->start_registration(memory, access, OwnedBuffer{}, std::move(done));
+  core->start_registration(memory, access, OwnedBuffer{}, std::move(done));
 }
 
-void Registry::do_register_owned(OwnedBuffer buffer, Access access,
+void Registry::do_register_owned(const Core& core, OwnedBuffer buffer, Access access,
                                  asio::any_completion_handler<void(OwnedResult)> handler) {
   const auto memory = buffer.bytes();
   const CallerBinding caller(handler);
@@ -70,13 +70,13 @@ void Registry::do_register_owned(OwnedBuffer buffer, Access access,
     std::move(h)(OwnedResult(boost::outcome_v2::failure(
         OwnedRegistrationFailure{std::move(r).error(), std::move(b)})));
   });
-  core_->start_registration(memory, access, std::move(buffer), std::move(done));
+  core->start_registration(memory, access, std::move(buffer), std::move(done));
 }
 
-void Registry::do_shutdown(std::chrono::steady_clock::duration deadline,
+void Registry::do_shutdown(const Core& core, std::chrono::steady_clock::duration deadline,
                            std::shared_ptr<asio::steady_timer> timer,
                            asio::any_completion_handler<void(Result<void>)> handler) {
-  core_->start_shutdown(deadline, std::move(timer), std::move(handler));
+  core->start_shutdown(deadline, std::move(timer), std::move(handler));
 }
 
 RegistryStats Registry::stats() const { return core_->stats(); }

@@ -6,6 +6,8 @@
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/co_spawn.hpp>
 #include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/experimental/channel.hpp>
@@ -14,6 +16,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 namespace corma {
 
@@ -30,6 +33,39 @@ constexpr std::uint32_t fallback_chunk = 256 * 1024;
 Error from_reply(const ErrorReply& reply) {
   return Error{std::error_code(reply.code, error_category()), "owner: " + reply.detail};
 }
+
+/// `work` as a coroutine of its own that reports cancellation through its
+/// cancellation state instead of throwing at its next co_await. (The
+/// optional only makes the result default-constructible for co_spawn.)
+template <class T>
+asio::awaitable<std::optional<T>> without_throwing(asio::awaitable<T> work) {
+  co_await asio::this_coro::throw_if_cancelled(false);
+  co_return co_await std::move(work);
+}
+
+/// Runs `work` on its own coroutine thread, which the caller's cancellation
+/// reaches; `work` decides where it is safe to stop.
+template <class T>
+asio::awaitable<T> on_own_thread(asio::any_io_executor executor, asio::awaitable<T> work) {
+  auto done = co_await asio::co_spawn(executor, without_throwing(std::move(work)), asio::use_awaitable);
+  co_return std::move(*done);
+}
+
+/// Runs `work` to its end, deaf to the caller's cancellation.
+template <class T>
+asio::awaitable<T> to_its_end(asio::any_io_executor executor, asio::awaitable<T> work) {
+  auto done = co_await asio::co_spawn(executor, without_throwing(std::move(work)),
+                                      asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable));
+  co_return std::move(*done);
+}
+
+/// Whether the fetch running on this coroutine thread has been cancelled.
+asio::awaitable<bool> cancelled_here() {
+  auto state = co_await asio::this_coro::cancellation_state;
+  co_return state.cancelled() != asio::cancellation_type::none;
+}
+
+Error fetch_cancelled(std::string_view when) { return Error{errc::cancelled, "fetch cancelled " + std::string(when)}; }
 
 }  // namespace
 
@@ -50,11 +86,17 @@ struct Consumer::State {
   }
 
   /// Sends one request and waits for the answer with the same id. A request
-  /// that does not end with its answer (a failed write or read, a deadline,
-  /// a cancellation) closes the connection: a half-written frame cannot be
-  /// taken back, and an unanswered request must never share the wire with
-  /// the next one.
+  /// that does not end with its answer (a failed write or read, a deadline)
+  /// closes the connection: a half-written frame cannot be taken back, and
+  /// an unanswered request must never share the wire with the next one. A
+  /// cancelled fetch therefore never interrupts a request: it stops once the
+  /// answer is in (at most io_timeout later), and the connection stays in
+  /// step for the fetches queued behind it.
   asio::awaitable<Result<Message>> request(Message message) {
+    co_return co_await to_its_end(executor, exchange(std::move(message)));
+  }
+
+  asio::awaitable<Result<Message>> exchange(Message message) {
     if (!connection || !connection->is_open()) co_return fail(errc::peer_unreachable, "connection to the owner is closed");
     const std::uint64_t id = next_request++;
     Frame frame{id, std::move(message)};
@@ -84,6 +126,7 @@ struct Consumer::State {
   asio::awaitable<Result<void>> pull_all(std::uint64_t lease, std::uint64_t size, std::uint32_t chunk,
                                          std::span<std::byte> into) {
     for (std::uint64_t offset = 0; offset < size;) {
+      if (co_await cancelled_here()) co_return fetch_cancelled("during the chunked read");
       const auto len = static_cast<std::uint32_t>(std::min<std::uint64_t>(chunk, size - offset));
       Pull pull{lease, offset, len};
       CORMA_CO_TRY(auto reply, co_await request(pull));
@@ -109,61 +152,59 @@ struct Consumer::State {
     co_return success();
   }
 
-  /// Keeps a lease alive while an RDMA transfer runs, until `done`. When a
-  /// renewal fails, the owner (or the connection to it) is gone: the
-  /// transfer that depends on it is cancelled through `cancel_transfer`
-  /// rather than left to its own deadline, and the reason is kept in `lost`.
-  asio::awaitable<void> renew_until(std::uint64_t lease, std::chrono::milliseconds interval, const bool& done,
-                                    asio::steady_timer& timer, asio::cancellation_signal& cancel_transfer,
-                                    std::optional<Error>& lost) {
-    while (!done) {
-      timer.expires_after(interval);
-      co_await timer.async_wait(as_result);
-      if (done) break;
-      Renew renew{lease};
-      auto renewed = co_await request(renew);
-      if (!renewed) {
-        lost = Error{errc::peer_unreachable, "lost the owner during the transfer: " + renewed.error().message()};
-        // Terminal: the get's bytes may still land, into a region that stays
-        // registered until the transfer really ends.
-        cancel_transfer.emit(asio::cancellation_type::terminal);
-        // And the peer goes: its provider then fails the get for good (a
-        // cancelled request may otherwise run to its own deadline), which
-        // frees the destination's registration.
-        if (peer) {
-          const auto gone = *std::exchange(peer, std::nullopt);
-          (void)co_await registry->backend()->async_peer_close(gone, asio::use_awaitable);
-        }
-        break;
-      }
-      ++stats.renewals;
-    }
-  }
-
   /// Gets the granted object into `guard` (at its start), renewing the lease
-  /// while the transfer runs.
+  /// while the transfer runs. Renewing at least every second also bounds how
+  /// long a dead owner goes unnoticed. When a renewal fails, the owner (or
+  /// the connection to it) is gone, and when the fetch is cancelled its bytes
+  /// are no longer wanted: either way the get is cancelled (terminal: its
+  /// bytes may still land, into a region that stays registered until the
+  /// transfer really ends) rather than left to its own deadline, and this
+  /// waits for the get's answer before it returns.
   asio::awaitable<Result<void>> rdma_get_into(const RdmaGrant& grant, RegionGuard& guard) {
     CORMA_CO_TRY(auto descriptor, decode_descriptor(grant.descriptor));
     if (descriptor.len != grant.size) co_return fail(errc::protocol, "descriptor length differs from the object size");
-    const auto remote = to_remote_region(descriptor);
-    // Renewing at least every second also bounds how long a dead owner goes
-    // unnoticed while the get runs.
     const auto interval = std::clamp(std::chrono::milliseconds(grant.lease_timeout_ms / 3),
                                      std::chrono::milliseconds(10), std::chrono::milliseconds(1000));
-    bool done = false;
-    asio::steady_timer renew_timer(executor);
+    asio::steady_timer wake(executor);
     asio::cancellation_signal cancel_get;
-    std::optional<Error> lost;
-    auto get_then_stop = [&]() -> asio::awaitable<Result<void>> {
-      auto got = co_await guard.async_get(*peer, remote, TransferRange{0, 0, grant.size},
-                                          asio::bind_cancellation_slot(cancel_get.slot(), asio::use_awaitable));
-      done = true;
-      renew_timer.cancel();
-      co_return got;
-    };
-    auto got = co_await (get_then_stop() && renew_until(grant.lease, interval, done, renew_timer, cancel_get, lost));
-    if (!got && lost) co_return std::move(*lost);
-    co_return got;
+    std::optional<Result<void>> got;
+    guard.async_get(*peer, to_remote_region(descriptor), TransferRange{0, 0, grant.size},
+                    asio::bind_cancellation_slot(cancel_get.slot(),
+                                                 asio::bind_executor(executor, [&got, &wake](Result<void> outcome) {
+                                                   got = std::move(outcome);
+                                                   wake.cancel();
+                                                 })));
+    std::optional<Error> stopped;  // why the get was cancelled
+    while (!got) {
+      if (stopped) {
+        wake.expires_at(asio::steady_timer::time_point::max());
+      } else {
+        wake.expires_after(interval);
+      }
+      co_await wake.async_wait(as_result);
+      if (got || stopped) continue;
+      if (co_await cancelled_here()) {
+        stopped = fetch_cancelled("during the rdma get");
+        cancel_get.emit(asio::cancellation_type::terminal);
+        continue;
+      }
+      auto renewed = co_await request(Renew{grant.lease});
+      if (renewed) {
+        ++stats.renewals;
+        continue;
+      }
+      stopped = Error{errc::peer_unreachable, "lost the owner during the transfer: " + renewed.error().message()};
+      cancel_get.emit(asio::cancellation_type::terminal);
+      // And the peer goes: its provider then fails the get for good (a
+      // cancelled request may otherwise run to its own deadline), which
+      // frees the destination's registration.
+      if (peer) {
+        const auto gone = *std::exchange(peer, std::nullopt);
+        (void)co_await registry->backend()->async_peer_close(gone, asio::use_awaitable);
+      }
+    }
+    if (!*got && stopped) co_return std::move(*stopped);
+    co_return std::move(*got);
   }
 
   /// The same into memory registered for this one transfer.
@@ -172,7 +213,8 @@ struct Consumer::State {
     auto got = co_await rdma_get_into(grant, guard);
     // The destination is ours again only once the registration is gone
     // (the get cannot be writing into it any more).
-    co_await guard.async_deregister(asio::use_awaitable);
+    // (Deaf to cancellation: the wait is the point.)
+    co_await guard.async_deregister(asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable));
     co_return got;
   }
 
@@ -203,6 +245,10 @@ struct Consumer::State {
     } else {
       co_return fail(errc::protocol, "owner answered an acquire with something else");
     }
+    if (co_await cancelled_here()) {
+      (void)co_await release(lease);
+      co_return fetch_cancelled("after the owner granted it");
+    }
     auto into = destination.span_for(fetched.size);
     if (!into) {
       (void)co_await release(lease);
@@ -223,6 +269,10 @@ struct Consumer::State {
         CORMA_CO_TRY(co_await release(lease));
         ++stats.decisions.rdma;
         co_return fetched;
+      }
+      if (co_await cancelled_here()) {
+        (void)co_await release(lease);
+        co_return std::move(got).error();
       }
       // Exactly one fallback: the chunked path on the same lease.
       fetched.fell_back = true;
@@ -305,14 +355,11 @@ asio::awaitable<Result<void>> take_turn(Consumer::State& state) {
   co_return success();
 }
 
-}  // namespace
-
-asio::awaitable<Result<Fetched>> Consumer::async_fetch(std::string name) {
-  auto state = state_;
+asio::awaitable<Result<Fetched>> fetch_new(std::shared_ptr<Consumer::State> state, std::string name) {
   CORMA_CO_TRY(co_await take_turn(*state));
   GiveBack give_back{*state};
   Fetched fetched;
-  State::Destination fresh_buffer{[&fetched](std::uint64_t size) -> Result<std::span<std::byte>> {
+  Consumer::State::Destination fresh_buffer{[&fetched](std::uint64_t size) -> Result<std::span<std::byte>> {
                                     fetched.data = OwnedBuffer::allocate(std::max<std::uint64_t>(size, 1));
                                     return fetched.data.bytes().first(size);
                                   },
@@ -322,11 +369,11 @@ asio::awaitable<Result<Fetched>> Consumer::async_fetch(std::string name) {
   co_return fetched;
 }
 
-asio::awaitable<Result<FetchOutcome>> Consumer::async_fetch_into(std::string name, RegionGuard& destination) {
-  auto state = state_;
+asio::awaitable<Result<FetchOutcome>> fetch_into(std::shared_ptr<Consumer::State> state, std::string name,
+                                                 RegionGuard& destination) {
   CORMA_CO_TRY(co_await take_turn(*state));
   GiveBack give_back{*state};
-  State::Destination registered{[&destination](std::uint64_t size) -> Result<std::span<std::byte>> {
+  Consumer::State::Destination registered{[&destination](std::uint64_t size) -> Result<std::span<std::byte>> {
                                   if (!destination) return fail(errc::region_not_found, "destination is not registered");
                                   if (size > destination.size()) {
                                     return fail(errc::out_of_range, "object of " + std::to_string(size) +
@@ -339,6 +386,19 @@ asio::awaitable<Result<FetchOutcome>> Consumer::async_fetch_into(std::string nam
 }
 
 GiveBack::~GiveBack() { s.turn.try_send(boost::system::error_code{}); }
+
+}  // namespace
+
+/// A fetch runs on a coroutine thread of its own (see on_own_thread): a
+/// cancelled fetch is answered `cancelled` once it reached a safe point,
+/// never by an exception thrown out of the middle of a request.
+asio::awaitable<Result<Fetched>> Consumer::async_fetch(std::string name) {
+  co_return co_await on_own_thread(state_->executor, fetch_new(state_, std::move(name)));
+}
+
+asio::awaitable<Result<FetchOutcome>> Consumer::async_fetch_into(std::string name, RegionGuard& destination) {
+  co_return co_await on_own_thread(state_->executor, fetch_into(state_, std::move(name), destination));
+}
 
 bool Consumer::rdma_ready() const noexcept { return state_->peer.has_value(); }
 ConsumerStats Consumer::stats() const { return state_->stats; }

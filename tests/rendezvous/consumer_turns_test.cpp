@@ -67,6 +67,8 @@ asio::awaitable<void> fetch_and_count(corma::Consumer& consumer, std::uint64_t e
     EXPECT_EQ(r.value().size, expected_size);
   } else if (r.error().is(errc::cancelled)) {
     ++tally.cancelled;
+  } else {
+    ADD_FAILURE() << "fetch " << i << ": " << r.error().message();
   }
 }
 
@@ -88,7 +90,10 @@ TEST_F(Rendezvous, CancellingQueuedFetchesAtRandomNeverPutsTwoRequestsOnTheWire)
       // most likely still waits for its turn.
       if (i % 2 == 1) {
         auto timer = std::make_unique<asio::steady_timer>(io, std::chrono::microseconds(rng() % 20000));
-        timer->async_wait([&signals, i](boost::system::error_code) {
+        // A timer destroyed at the end still calls its handler (aborted),
+        // after `signals` is gone: only a timer that expired may touch it.
+        timer->async_wait([&signals, i](boost::system::error_code ec) {
+          if (ec) return;
           signals[static_cast<std::size_t>(i)].emit(asio::cancellation_type::terminal);
         });
         cancellers.push_back(std::move(timer));
@@ -108,6 +113,45 @@ TEST_F(Rendezvous, CancellingQueuedFetchesAtRandomNeverPutsTwoRequestsOnTheWire)
 
 asio::awaitable<void> fetch_into(corma::Consumer& consumer, std::optional<corma::Result<corma::Fetched>>& outcome) {
   outcome = co_await consumer.async_fetch("big");
+}
+
+TEST_F(Rendezvous, AFetchCancelledDuringItsRdmaGetStopsWithoutFallbackAndLeavesTheConnectionUsable) {
+  start_owner();
+  consumer_backend->hold_transfers();
+  std::optional<corma::Result<corma::Fetched>> cancelled;
+  std::optional<corma::Result<corma::Fetched>> next;
+  asio::cancellation_signal cancel;
+  corma::testing::run(io, [&]() -> asio::awaitable<void> {
+    auto consumer = (co_await connect(consumer_registry)).value();
+    asio::co_spawn(io, fetch_into(*consumer, cancelled), asio::bind_cancellation_slot(cancel.slot(), asio::detached));
+    asio::steady_timer wait(io);
+    while (consumer_backend->transfers_in_flight() == 0) {
+      wait.expires_after(std::chrono::milliseconds(1));
+      co_await wait.async_wait(asio::as_tuple(asio::use_awaitable));
+    }
+    cancel.emit(asio::cancellation_type::terminal);
+    while (consumer_backend->transfers_cancelled() == 0) {
+      wait.expires_after(std::chrono::milliseconds(1));
+      co_await wait.async_wait(asio::as_tuple(asio::use_awaitable));
+    }
+    // The get's bytes may still land: the fetch waits for its real end.
+    EXPECT_FALSE(cancelled.has_value());
+    consumer_backend->release_transfers();
+    while (!cancelled) {
+      wait.expires_after(std::chrono::milliseconds(1));
+      co_await wait.async_wait(asio::as_tuple(asio::use_awaitable));
+    }
+    next = co_await consumer->async_fetch("small");
+    EXPECT_EQ(consumer->stats().fallbacks, 0u) << "a cancelled get fell back to the chunked path";
+  }());
+  ASSERT_TRUE(cancelled.has_value());
+  ASSERT_FALSE(*cancelled);
+  EXPECT_TRUE(cancelled->error().is(errc::cancelled)) << cancelled->error().message();
+  ASSERT_TRUE(next.has_value());
+  ASSERT_TRUE(*next) << next->error().message();
+  EXPECT_EQ(std::vector<std::byte>(next->value().data.bytes().begin(), next->value().data.bytes().end()), small);
+  EXPECT_EQ(owner->stats().live_leases, 0u) << "the cancelled fetch's lease was not released";
+  EXPECT_EQ(consumer_registry->stats().regions, 0u);
 }
 
 TEST_F(Rendezvous, ADeadOwnerFailsAnRdmaFetchWithinSecondsNotAtTheTransferDeadline) {

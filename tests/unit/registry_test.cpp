@@ -2,12 +2,15 @@
 // deregistration, transfers.
 #include "support/registry_fixture.hpp"
 
+#include <boost/asio/deferred.hpp>
 #include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
 #include <atomic>
+#include <future>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -257,6 +260,54 @@ TEST_F(RegistryTest, TransfersAreBoundsCheckedAgainstBothRegions) {
   foreign.backend = corma::BackendId{1};
   r = guard.async_get(corma::PeerId{1}, foreign, {0, 0, 16}, asio::use_future).get();
   EXPECT_TRUE(r.error().is(errc::invalid_key));
+}
+
+// A deferred operation is launched later, maybe after the object it came
+// from has gone (a temporary) or moved: it must not need that object.
+
+TEST_F(RegistryTest, ADeferredWaitLaunchedAfterItsEventIsGoneCompletes) {
+  auto registry = make_registry();
+  std::vector<std::byte> memory(page_size());
+  auto guard = register_now(registry, memory).value();
+  auto wait = guard.deregistered().async_wait(asio::deferred);  // the event was a temporary
+  guard = RegionGuard{};
+  auto waited = std::move(wait)(asio::use_future);
+  ASSERT_EQ(waited.wait_for(std::chrono::seconds(5)), std::future_status::ready);
+  EXPECT_TRUE(waited.get());
+}
+
+TEST_F(RegistryTest, DeferredGuardOperationsLaunchedAfterTheGuardMovedActOnItsRegion) {
+  auto registry = make_registry();
+  std::vector<std::byte> memory(page_size());
+  auto guard = std::make_unique<RegionGuard>(register_now(registry, memory).value());
+  auto event = guard->deregistered();
+  const corma::RemoteRegion remote{corma::testing::test_backend_id, 1, 0x1000, 64, corma::PackedKey(40)};
+  auto get = guard->async_get(corma::PeerId{1}, remote, {page_size() - 8, 0, 16}, asio::deferred);
+  auto deregister = guard->async_deregister(asio::deferred);
+  RegionGuard moved = std::move(*guard);
+  guard.reset();
+
+  // Checked against the region it was made for, not refused as an empty guard.
+  auto got = std::move(get)(asio::use_future).get();
+  EXPECT_TRUE(got.error().is(errc::out_of_range)) << got.error().message();
+  EXPECT_TRUE(std::move(deregister)(asio::use_future).get());
+  EXPECT_TRUE(event.is_set());
+  EXPECT_EQ(registry.stats().registered_bytes, 0u);
+}
+
+TEST_F(RegistryTest, DeferredRegistryOperationsLaunchedAfterTheRegistryMovedComplete) {
+  auto registry = std::make_unique<Registry>(make_registry());
+  std::vector<std::byte> memory(page_size());
+  auto registration = registry->async_register(memory, Access::remote_read, asio::deferred);
+  auto shutdown = registry->async_shutdown(std::chrono::seconds(5), asio::deferred);
+  Registry moved = std::move(*registry);
+  registry.reset();
+
+  auto guard = std::move(registration)(asio::use_future).get();
+  ASSERT_TRUE(guard) << guard.error().message();
+  EXPECT_TRUE(std::move(shutdown)(asio::use_future).get());
+  EXPECT_TRUE(guard.value().deregistered().is_set());
+  EXPECT_EQ(moved.stats().registered_bytes, 0u);
 }
 
 TEST_F(RegistryTest, StatsCountRegistrationsAndLatency) {
