@@ -1,6 +1,7 @@
 #include <corma/consumer.hpp>
 
 #include "framed_connection.hpp"
+#include "keep_until_deregistered.hpp"
 
 #include <corma/descriptor.hpp>
 
@@ -40,6 +41,9 @@ struct Consumer::State {
   std::unique_ptr<FramedConnection> connection;
   std::optional<PeerId> peer;
   std::uint64_t next_request = 1;
+  /// Why the owner was given up during a transfer, once it was: the
+  /// connection is closed and nothing more is asked of that owner.
+  std::optional<Error> owner_lost;
   // One token: whoever holds it talks on the connection.
   asio::experimental::channel<void(boost::system::error_code)> turn;
   ConsumerStats stats;
@@ -109,34 +113,42 @@ struct Consumer::State {
     co_return success();
   }
 
-  /// Keeps a lease alive while an RDMA transfer runs, until `done`. When a
-  /// renewal fails, the owner (or the connection to it) is gone: the
-  /// transfer that depends on it is cancelled through `cancel_transfer`
-  /// rather than left to its own deadline, and the reason is kept in `lost`.
+  /// Keeps a lease alive while an RDMA transfer runs, until `done`. When the
+  /// owner (or the connection to it) is gone, the transfer that depends on
+  /// it is cancelled through `cancel_transfer` rather than left to its own
+  /// deadline, its peer is closed, and the reason is kept in `owner_lost`.
   asio::awaitable<void> renew_until(std::uint64_t lease, std::chrono::milliseconds interval, const bool& done,
-                                    asio::steady_timer& timer, asio::cancellation_signal& cancel_transfer,
-                                    std::optional<Error>& lost) {
+                                    asio::steady_timer& timer, asio::cancellation_signal& cancel_transfer) {
     while (!done) {
       timer.expires_after(interval);
-      co_await timer.async_wait(as_result);
+      // The connection is watched between renewals too. The owner sends
+      // nothing unasked, so a readable connection means it ended (a dead
+      // owner's kernel closes it at once) or the owner refused something:
+      // the renewal then goes out at once, and reading its answer tells.
+      co_await (timer.async_wait(as_result) ||
+                connection->socket().async_wait(asio::socket_base::wait_read, as_result));
       if (done) break;
       Renew renew{lease};
       auto renewed = co_await request(renew);
       if (!renewed) {
-        lost = Error{errc::peer_unreachable, "lost the owner during the transfer: " + renewed.error().message()};
-        // Terminal: the get's bytes may still land, into a region that stays
-        // registered until the transfer really ends.
-        cancel_transfer.emit(asio::cancellation_type::terminal);
-        // And the peer goes: its provider then fails the get for good (a
-        // cancelled request may otherwise run to its own deadline), which
-        // frees the destination's registration.
-        if (peer) {
-          const auto gone = *std::exchange(peer, std::nullopt);
-          (void)co_await registry->backend()->async_peer_close(gone, asio::use_awaitable);
-        }
+        co_await give_up_owner(renewed.error(), cancel_transfer);
         break;
       }
       ++stats.renewals;
+    }
+  }
+
+  /// The owner is gone (request() closed the connection to it).
+  asio::awaitable<void> give_up_owner(const Error& why, asio::cancellation_signal& cancel_transfer) {
+    owner_lost = Error{errc::peer_unreachable, "lost the owner during the transfer: " + why.message()};
+    // Terminal: the transfer is answered now, while its bytes may still
+    // land, into a region that stays registered until it really ends.
+    cancel_transfer.emit(asio::cancellation_type::terminal);
+    // And the peer goes: the backend then ends what its provider can end
+    // and answers the rest as unreachable, keeping their memory registered.
+    if (peer) {
+      const auto gone = *std::exchange(peer, std::nullopt);
+      (void)co_await registry->backend()->async_peer_close(gone, asio::use_awaitable);
     }
   }
 
@@ -153,7 +165,6 @@ struct Consumer::State {
     bool done = false;
     asio::steady_timer renew_timer(executor);
     asio::cancellation_signal cancel_get;
-    std::optional<Error> lost;
     auto get_then_stop = [&]() -> asio::awaitable<Result<void>> {
       auto got = co_await guard.async_get(*peer, remote, TransferRange{0, 0, grant.size},
                                           asio::bind_cancellation_slot(cancel_get.slot(), asio::use_awaitable));
@@ -161,27 +172,47 @@ struct Consumer::State {
       renew_timer.cancel();
       co_return got;
     };
-    auto got = co_await (get_then_stop() && renew_until(grant.lease, interval, done, renew_timer, cancel_get, lost));
-    if (!got && lost) co_return std::move(*lost);
+    auto got = co_await (get_then_stop() && renew_until(grant.lease, interval, done, renew_timer, cancel_get));
+    if (!got && owner_lost) co_return *owner_lost;
     co_return got;
   }
 
   /// The same into memory registered for this one transfer.
-  asio::awaitable<Result<void>> rdma_get(const RdmaGrant& grant, std::span<std::byte> into) {
+  asio::awaitable<Result<void>> rdma_get(const RdmaGrant& grant, std::span<std::byte> into,
+                                         const std::function<void(DeregisteredEvent)>& keep_until) {
     CORMA_CO_TRY(auto guard, co_await registry->async_register(into, Access::local, asio::use_awaitable));
     auto got = co_await rdma_get_into(grant, guard);
-    // The destination is ours again only once the registration is gone
-    // (the get cannot be writing into it any more).
+    if (!got) {
+      // A failed get may have been answered before it ended (cancelled
+      // with its owner, past its deadline), and a provider may be unable to
+      // end it at all once its peer died: the destination then stays
+      // registered until the backend lets go of it. The fetch does not wait
+      // for that; `keep_until` takes the memory over until then.
+      keep_until(guard.deregistered());
+      co_return got;  // the guard's destruction deregisters in the background
+    }
+    // The destination is ours again only once the registration is gone.
     co_await guard.async_deregister(asio::use_awaitable);
     co_return got;
   }
 
-  /// Where a fetch puts the bytes: given the object's size, the span to fill,
-  /// and the registered region it lies in (null: register it per transfer).
+  /// Where a fetch puts the bytes: given the object's size, the span to fill
+  /// (a fresh one on each call), and the registered region it lies in (null:
+  /// register it per transfer; after a failed transfer `keep_until` takes
+  /// the span's memory over, to free it once the event resolves).
   struct Destination {
     std::function<Result<std::span<std::byte>>(std::uint64_t size)> span_for;
     RegionGuard* registered = nullptr;
+    std::function<void(DeregisteredEvent)> keep_until;
   };
+
+  /// Where the object goes; when it has nowhere to go, the lease is released.
+  asio::awaitable<Result<std::span<std::byte>>> span_to_fill(const Destination& destination, std::uint64_t lease,
+                                                             std::uint64_t size) {
+    auto into = destination.span_for(size);
+    if (!into) (void)co_await release(lease);
+    co_return into;
+  }
 
   asio::awaitable<Result<FetchOutcome>> fetch(std::string name, const Destination& destination) {
     Acquire acquire{name, peer.has_value()};
@@ -203,11 +234,8 @@ struct Consumer::State {
     } else {
       co_return fail(errc::protocol, "owner answered an acquire with something else");
     }
-    auto into = destination.span_for(fetched.size);
-    if (!into) {
-      (void)co_await release(lease);
-      co_return std::move(into).error();
-    }
+    auto into = co_await span_to_fill(destination, lease, fetched.size);
+    if (!into) co_return std::move(into).error();
 
     if (auto* grant = std::get_if<RdmaGrant>(&reply)) {
       // (Not a conditional expression: g++ 12 mishandles co_await inside one.)
@@ -215,7 +243,7 @@ struct Consumer::State {
       if (destination.registered != nullptr) {
         got = co_await rdma_get_into(*grant, *destination.registered);
       } else {
-        got = co_await rdma_get(*grant, into.value());
+        got = co_await rdma_get(*grant, into.value(), destination.keep_until);
       }
       if (got) {
         if (config.on_progress) config.on_progress(fetched.size, fetched.size);
@@ -224,10 +252,18 @@ struct Consumer::State {
         ++stats.decisions.rdma;
         co_return fetched;
       }
-      // Exactly one fallback: the chunked path on the same lease.
+      // No fallback from a lost owner: its chunks would come over the
+      // connection that just ended (and the lease died with it).
+      if (owner_lost) co_return *owner_lost;
+      // Exactly one fallback: the chunked path on the same lease, into
+      // fresh memory when the failed get's memory was taken over.
       fetched.fell_back = true;
       fetched.reason = "rdma failed: " + got.error().message();
       ++stats.fallbacks;
+      if (destination.registered == nullptr) {
+        into = co_await span_to_fill(destination, lease, fetched.size);
+        if (!into) co_return std::move(into).error();
+      }
     }
     auto pulled = co_await pull_all(lease, fetched.size, chunk, into.value());
     auto released = co_await release(lease);
@@ -316,7 +352,10 @@ asio::awaitable<Result<Fetched>> Consumer::async_fetch(std::string name) {
                                     fetched.data = OwnedBuffer::allocate(std::max<std::uint64_t>(size, 1));
                                     return fetched.data.bytes().first(size);
                                   },
-                                  nullptr};
+                                  nullptr,
+                                  [&fetched](DeregisteredEvent released) {
+                                    keep_until_deregistered(std::move(fetched.data), released);
+                                  }};
   CORMA_CO_TRY(auto outcome, co_await state->fetch(std::move(name), fresh_buffer));
   static_cast<FetchOutcome&>(fetched) = std::move(outcome);
   co_return fetched;
@@ -334,7 +373,8 @@ asio::awaitable<Result<FetchOutcome>> Consumer::async_fetch_into(std::string nam
                                   }
                                   return destination.bytes().first(size);
                                 },
-                                &destination};
+                                &destination,
+                                nullptr};
   co_return co_await state->fetch(std::move(name), registered);
 }
 

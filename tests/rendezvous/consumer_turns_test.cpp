@@ -115,6 +115,7 @@ TEST_F(Rendezvous, ADeadOwnerFailsAnRdmaFetchWithinSecondsNotAtTheTransferDeadli
   consumer_backend->hold_transfers();  // the get never finishes by itself
   std::optional<corma::Result<corma::Fetched>> outcome;
   std::chrono::steady_clock::duration noticed{};
+  std::size_t held_when_answered = 0;
   corma::testing::run(io, [&]() -> asio::awaitable<void> {
     auto consumer = (co_await connect(consumer_registry)).value();
     asio::co_spawn(io, fetch_into(*consumer, outcome), asio::detached);
@@ -133,10 +134,18 @@ TEST_F(Rendezvous, ADeadOwnerFailsAnRdmaFetchWithinSecondsNotAtTheTransferDeadli
       co_await wait.async_wait(asio::as_tuple(asio::use_awaitable));
     }
     noticed = std::chrono::steady_clock::now() - stopped;
-    // The held transfer then ends (as a cancelled provider request does), and
-    // the fetch is answered once its destination is no longer registered.
-    consumer_backend->release_transfers();
+    // The fetch is answered while the provider still holds the get: it does
+    // not wait for a transfer that a dead owner's provider may never end.
     while (!outcome) {
+      wait.expires_after(std::chrono::milliseconds(5));
+      co_await wait.async_wait(asio::as_tuple(asio::use_awaitable));
+    }
+    held_when_answered = consumer_backend->transfers_in_flight();
+    // The held transfer then ends, and only then does its destination's
+    // registration go (its memory was kept until then).
+    EXPECT_EQ(consumer_backend->live_registrations(), 1u);
+    consumer_backend->release_transfers();
+    while (consumer_backend->live_registrations() != 0u) {
       wait.expires_after(std::chrono::milliseconds(5));
       co_await wait.async_wait(asio::as_tuple(asio::use_awaitable));
     }
@@ -145,6 +154,7 @@ TEST_F(Rendezvous, ADeadOwnerFailsAnRdmaFetchWithinSecondsNotAtTheTransferDeadli
   ASSERT_FALSE(*outcome);
   EXPECT_TRUE(outcome->error().is(errc::peer_unreachable)) << outcome->error().message();
   EXPECT_LT(noticed, std::chrono::seconds(5)) << "the get was not cancelled when the owner went";
+  EXPECT_EQ(held_when_answered, 1u) << "the fetch waited for the transfer to end";
 }
 
 }  // namespace
