@@ -101,6 +101,12 @@ void Backend::Engine::tear_down() {
     wake->close(ignored);
     wake.reset();
   }
+  // Stranded transfers' keys go before the worker (they come from its
+  // pools); nothing progresses the worker any more, so no request uses them.
+  for (auto& [id, op] : orphans) drop_own_key(*op);
+  for (auto* key : retired_keys) ucp_rkey_destroy(key);
+  retired_keys.clear();
+  // Destroying the worker ends every endpoint and request it still held.
   if (worker != nullptr) ucp_worker_destroy(worker);
   orphans.clear();  // no callback can reach them any more
   if (context != nullptr) ucp_cleanup(context);
@@ -122,7 +128,11 @@ std::size_t Backend::Engine::progress() {
     finished.clear();
     for (auto id : done) {
       auto it = transfers.find(id);
-      if (it != transfers.end()) finish_transfer(id, static_cast<UcxTransferOp&>(*it->second).status);
+      if (it != transfers.end()) {
+        finish_transfer(id, static_cast<UcxTransferOp&>(*it->second).status);
+      } else {
+        release_orphan(id);
+      }
     }
     ++events;
   }
@@ -277,6 +287,11 @@ void Backend::Engine::forget_keys(Peer& peer) {
   peer.keys.clear();
 }
 
+void Backend::Engine::retire_keys(Peer& peer) {
+  for (auto& [bytes, key] : peer.keys) retired_keys.push_back(key.rkey);
+  peer.keys.clear();
+}
+
 void Backend::Engine::on_transfer_done(void* request, ucs_status_t status, void* user_data) {
   auto* op = static_cast<UcxTransferOp*>(user_data);
   ucp_request_free(request);
@@ -289,8 +304,7 @@ void Backend::Engine::finish_transfer(std::uint64_t id, ucs_status_t status) {
   auto base = untrack(id);
   if (!base) return;
   auto& op = static_cast<UcxTransferOp&>(*base);
-  if (op.owns_rkey) ucp_rkey_destroy(op.rkey);
-  op.rkey = nullptr;
+  drop_own_key(op);
 
   // The caller hears of its transfer before an unmap that waited for it.
   if (status == UCS_OK) {
@@ -311,8 +325,16 @@ void Backend::Engine::on_transfer_deadline(TransferOp& op) {
   if (peer != peers.end()) abandon_endpoint(peer->first, peer->second);
 }
 
+bool Backend::Engine::can_force_close() const noexcept {
+  // UCX refuses UCP_EP_CLOSE_FLAG_FORCE on an endpoint without peer error
+  // handling (UCS_ERR_INVALID_PARAM, nothing closed), and a flushing close
+  // waits for transfers that a dead peer never completes.
+  return config.error_handling == ErrorHandling::peer;
+}
+
 void Backend::Engine::abandon_endpoint(PeerId id, Peer& peer) {
   peer.broken = true;
+  if (!can_force_close()) return strand_transfers_of(id, peer);
   forget_keys(peer);
   if (peer.ep == nullptr) return;
   // Forced: UCX fails whatever is still in flight on it, which unpins the
@@ -332,9 +354,50 @@ void Backend::Engine::orphan_transfers_of(PeerId peer) {
     if (op->request.peer == peer) ids.push_back(id);
   }
   for (auto id : ids) {
-    orphans.push_back(transfers.at(id));
+    orphans.emplace(id, std::static_pointer_cast<UcxTransferOp>(transfers.at(id)));
     finish_transfer(id, UCS_ERR_CANCELED);
   }
+}
+
+// Without peer error handling UCX has no way to end a transfer whose peer
+// died: its request stays pending until the worker is destroyed (cancelling
+// it does not end an RMA operation, and neither a forced nor a flushing
+// close can end the endpoint). Its caller is answered at once instead; the
+// request keeps its local region pinned (an unmap waits for it), its key and
+// its endpoint until UCX completes it or the worker goes, so nothing is
+// unmapped, destroyed or freed under it.
+void Backend::Engine::strand_transfers_of(PeerId id, Peer& peer) {
+  retire_keys(peer);
+  peer.ep = nullptr;  // left to the worker's destruction
+  std::vector<std::uint64_t> ids;
+  for (const auto& [transfer_id, op] : transfers) {
+    if (op->request.peer == id) ids.push_back(transfer_id);
+  }
+  for (auto transfer_id : ids) {
+    auto op = std::static_pointer_cast<UcxTransferOp>(untrack(transfer_id));
+    op->stranded = true;
+    answer(*op, provider_error(errc::peer_unreachable,
+                               std::string(op->is_put ? "put" : "get") +
+                                   " given up with its peer: without peer error handling it cannot be ended, "
+                                   "and its local region stays registered until it is"));
+    orphans.emplace(transfer_id, std::move(op));
+  }
+}
+
+void Backend::Engine::release_orphan(std::uint64_t id) {
+  auto it = orphans.find(id);
+  if (it == orphans.end()) return;
+  auto op = std::move(it->second);
+  orphans.erase(it);  // UCX completed its request: it never touches it again
+  if (!op->stranded) return;  // its region was released with its closed endpoint
+  drop_own_key(*op);
+  unpin(op->request.local);
+}
+
+void Backend::Engine::drop_own_key(UcxTransferOp& op) {
+  if (op.owns_rkey && op.rkey != nullptr) ucp_rkey_destroy(op.rkey);
+  op.owns_rkey = false;
+  op.rkey = nullptr;
 }
 
 // ---- peers ----
@@ -421,6 +484,11 @@ void Backend::Engine::run_peer_close(const std::shared_ptr<VoidOp>& op, PeerId i
   const bool busy = std::any_of(transfers.begin(), transfers.end(),
                                 [id](const auto& t) { return t.second->request.peer == id; });
   const bool force = it->second.broken || busy;
+  if (force && !can_force_close()) {
+    strand_transfers_of(id, it->second);
+    peers.erase(it);
+    return answer(*op, success());
+  }
   forget_keys(it->second);
   peers.erase(it);
   if (ep == nullptr) return answer(*op, success());
@@ -439,11 +507,18 @@ void Backend::Engine::close_peers() {
   // makes UCX fail whatever is still in flight on them).
   const bool force_all = !transfers.empty();
   for (auto& [id, peer] : peers) {
+    const bool force = force_all || peer.broken;
+    if (force && !can_force_close()) {
+      // Transfers may still use its keys; the worker's destruction ends
+      // the endpoint and them.
+      retire_keys(peer);
+      continue;
+    }
     forget_keys(peer);
     if (peer.ep == nullptr) continue;
     ucp_request_param_t param{};
     param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    param.flags = (force_all || peer.broken) ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    param.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
     void* request = ucp_ep_close_nbx(peer.ep, &param);
     if (request != nullptr && !UCS_PTR_IS_ERR(request)) closing_endpoints.push_back(Closing{request, {}, std::nullopt});
   }
@@ -455,10 +530,6 @@ void Backend::Engine::close_peers() {
   closing_endpoints.clear();  // the worker's destruction releases them
 }
 
-void Backend::Engine::forget_transfer(TransferOp& op) {
-  auto& transfer = static_cast<UcxTransferOp&>(op);
-  if (transfer.owns_rkey) ucp_rkey_destroy(transfer.rkey);
-  transfer.rkey = nullptr;
-}
+void Backend::Engine::forget_transfer(TransferOp& op) { drop_own_key(static_cast<UcxTransferOp&>(op)); }
 
 }  // namespace corma::ucx

@@ -30,6 +30,10 @@ struct UcxTransferOp : TransferOp {
   bool owns_rkey = false;  // false: the peer's key cache owns it
   ucs_status_t status = UCS_OK;
   std::vector<std::uint64_t>* finished = nullptr;  // the engine's completion list
+  /// Given up while UCX still holds its request: answered and no longer
+  /// tracked, but its local region stays pinned (and its key alive) until
+  /// UCX completes the request or the worker is destroyed.
+  bool stranded = false;
 };
 
 struct Backend::Engine final : backend_kit::EngineCore {
@@ -84,14 +88,26 @@ struct Backend::Engine final : backend_kit::EngineCore {
   Result<ucp_rkey_h> remote_key(UcxTransferOp& op, Peer& peer);
   void finish_transfer(std::uint64_t id, ucs_status_t status);
   void forget_keys(Peer& peer);
+  /// Keeps a peer's keys until the worker goes: a pending request may use them.
+  void retire_keys(Peer& peer);
   /// The initiator's endpoint to the target that answered.
   Result<ucp_ep_h> create_endpoint(const std::vector<std::byte>& answer);
   void mark_broken(ucp_ep_h ep);
-  /// Marks a peer broken and force-closes its endpoint.
+  /// Whether UCX can force an endpoint closed, failing what is in flight on
+  /// it: only with peer error handling.
+  [[nodiscard]] bool can_force_close() const noexcept;
+  /// Marks a peer broken and ends its endpoint: force-closed where UCX can,
+  /// its transfers stranded where it cannot.
   void abandon_endpoint(PeerId id, Peer& peer);
   /// The broken peer's endpoint is closed: whatever UCX did not finish on it
   /// never will; release the callers and the regions those transfers pinned.
   void orphan_transfers_of(PeerId peer);
+  /// A peer whose transfers UCX cannot end: answers them now and keeps what
+  /// they use (regions, keys, endpoint) until UCX lets go of them.
+  void strand_transfers_of(PeerId id, Peer& peer);
+  /// UCX completed a transfer that was already given up.
+  void release_orphan(std::uint64_t id);
+  void drop_own_key(UcxTransferOp& op);
   void poll_closing();
 
   static void on_transfer_done(void* request, ucs_status_t status, void* user_data);
@@ -111,9 +127,13 @@ struct Backend::Engine final : backend_kit::EngineCore {
   std::map<PeerId, Peer> peers;
   std::vector<std::uint64_t> finished;  // filled by UCX callbacks, drained after progress
   std::vector<Closing> closing_endpoints;
-  /// Transfers given up with their broken peer. UCX may still hold their
-  /// requests (and call back into them), so they live until the worker dies.
-  std::vector<std::shared_ptr<TransferOp>> orphans;
+  /// Transfers given up with their broken peer, by id. UCX may still hold
+  /// their requests (and call back into them), so they live until it
+  /// completes them or the worker dies.
+  std::map<std::uint64_t, std::shared_ptr<UcxTransferOp>> orphans;
+  /// Keys of stranded peers: a pending request may still use them, so they
+  /// are destroyed only with the worker.
+  std::vector<ucp_rkey_h> retired_keys;
 };
 
 }  // namespace corma::ucx

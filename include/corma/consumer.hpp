@@ -67,10 +67,13 @@ class Consumer {
   ~Consumer();
 
   /// Fetches `name`. Tries RDMA when the owner grants it and falls back to
-  /// the chunked path exactly once on any failure of that path; the lease is
-  /// released in every outcome. A cancelled fetch answers `cancelled` at
-  /// its next safe point, never mid-request, so the fetches queued behind
-  /// it keep the connection (docs/protocol.md, "Cancelling a fetch").
+  /// the chunked path exactly once on any failure of that path, except the
+  /// loss of the owner itself (the connection closed, a renewal failed),
+  /// which is answered `peer_unreachable` as soon as it is noticed; the lease
+  /// is released in every outcome that leaves an owner to release it to. A
+  /// cancelled fetch answers `cancelled` at its next safe point, never
+  /// mid-request, so the fetches queued behind it keep the connection
+  /// (docs/protocol.md, "Cancelling a fetch").
   boost::asio::awaitable<Result<Fetched>> async_fetch(std::string name);
 
   /// Fetches `name` into `destination`: a region of the consumer's registry
@@ -78,6 +81,10 @@ class Consumer {
   /// fetches, so a warm fetch registers nothing here. The object lands at the
   /// region's start; an object larger than the region is refused with
   /// `out_of_range` (its lease released). Same paths and fallback as async_fetch.
+  /// When the owner is lost during an RDMA transfer, the fetch is answered
+  /// `peer_unreachable` at once, while a transfer its backend cannot end
+  /// keeps the region registered (an unmap waits for it): the memory may be
+  /// reused once the region's deregistered() resolves.
   boost::asio::awaitable<Result<FetchOutcome>> async_fetch_into(std::string name, RegionGuard& destination);
 
   /// Whether the owner accepted this consumer's RDMA offer.

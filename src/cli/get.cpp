@@ -2,6 +2,7 @@
 #include "address.hpp"
 #include "commands.hpp"
 #include "network_device.hpp"
+#include "shut_down.hpp"
 #include "sizes.hpp"
 
 #include <corma/consumer.hpp>
@@ -75,10 +76,22 @@ int run_get(const GetOptions& options) {
     co_return co_await consumer->async_fetch(options.path);
   };
   std::optional<Result<Fetched>> outcome;
-  asio::co_spawn(io, [&]() -> asio::awaitable<void> { outcome.emplace(co_await fetch()); }, asio::detached);
+  auto finished = start;
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<void> {
+        outcome.emplace(co_await fetch());
+        finished = std::chrono::steady_clock::now();
+        // A transfer given up with a dead owner may keep its destination
+        // registered until the backend lets go of it (UCX over shared
+        // memory cannot end it at all): shutting the backend down ends it,
+        // so the command never waits for a peer that will never answer.
+        if (registry) (void)co_await shut_down(registry, "corma get");
+      },
+      asio::detached);
   io.run();
   auto fetched = outcome ? std::move(*outcome) : Result<Fetched>(fail(errc::backend, "fetch did not finish"));
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double seconds = std::chrono::duration<double>(finished - start).count();
   if (terminal) std::printf("\n");
   if (!fetched) {
     std::fprintf(stderr, "corma get: %s: %s\n", options.path.c_str(), fetched.error().message().c_str());

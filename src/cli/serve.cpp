@@ -3,6 +3,7 @@
 #include "commands.hpp"
 #include "file_resolver.hpp"
 #include "metrics_server.hpp"
+#include "shut_down.hpp"
 #include "sizes.hpp"
 
 #include <corma/owner.hpp>
@@ -11,7 +12,6 @@
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
-#include <boost/asio/use_awaitable.hpp>
 
 #include <cstdio>
 #include <optional>
@@ -19,25 +19,6 @@
 namespace corma::cli {
 
 namespace asio = boost::asio;
-
-namespace {
-
-/// The backend first: it closes its peers and stops serving their reads,
-/// then unmaps what is left, which answers the registry's deregistrations.
-/// Only then may the served bytes go. (UCX over shared memory and tcp
-/// serves a peer's get by copying from the target address on this side's
-/// progress thread, whether or not that memory is still registered: memory
-/// released while the backend still serves peers could be read after it
-/// was freed.) Then the registry, which finds nothing left to release.
-asio::awaitable<bool> shut_down(std::shared_ptr<Registry> registry, std::shared_ptr<RdmaBackend> backend) {
-  auto backend_done = co_await backend->async_shutdown(asio::use_awaitable);
-  if (!backend_done) std::fprintf(stderr, "corma serve: backend shutdown: %s\n", backend_done.error().message().c_str());
-  auto registry_done = co_await registry->async_shutdown(std::chrono::seconds(10), asio::use_awaitable);
-  if (!registry_done) std::fprintf(stderr, "corma serve: registry shutdown: %s\n", registry_done.error().message().c_str());
-  co_return registry_done && backend_done;
-}
-
-}  // namespace
 
 int run_serve(const ServeOptions& options) {
   auto snapshot_limit = parse_size(options.snapshot_limit);
@@ -103,8 +84,13 @@ int run_serve(const ServeOptions& options) {
   std::fflush(stdout);
 
   // Shutdown: stop serving (connections closed, leases dropped), then the
-  // backend, then the registry (see shut_down); the io_context runs until
-  // all of it is answered, and is destroyed only after both are done.
+  // backend, then the registry (shut_down); the io_context runs until all of
+  // it is answered, and is destroyed only after both are done. The backend
+  // goes before the served bytes: UCX over shared memory and tcp serves a
+  // peer's get by copying from the target address on this side's progress
+  // thread, whether or not that memory is still registered, so memory
+  // released while the backend still serves peers could be read after it
+  // was freed.
   bool clean = false;
   asio::signal_set signals(io, SIGINT, SIGTERM);
   signals.async_wait([&](boost::system::error_code signalled, int) {
@@ -112,7 +98,7 @@ int run_serve(const ServeOptions& options) {
     owner.stop();
     acceptor.close();
     if (metrics) metrics->close();
-    asio::co_spawn(io, shut_down(registry, backend.value().backend), [&](std::exception_ptr, bool ok) {
+    asio::co_spawn(io, shut_down(registry, "corma serve"), [&](std::exception_ptr, bool ok) {
       clean = ok;
       io.stop();
     });

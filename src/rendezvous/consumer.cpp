@@ -1,6 +1,7 @@
 #include <corma/consumer.hpp>
 
 #include "framed_connection.hpp"
+#include "keep_until_deregistered.hpp"
 
 #include <corma/descriptor.hpp>
 
@@ -76,6 +77,9 @@ struct Consumer::State {
   std::unique_ptr<FramedConnection> connection;
   std::optional<PeerId> peer;
   std::uint64_t next_request = 1;
+  /// Why the owner was given up during a transfer, once it was: the
+  /// connection is closed and nothing more is asked of that owner.
+  std::optional<Error> owner_lost;
   // One token: whoever holds it talks on the connection.
   asio::experimental::channel<void(boost::system::error_code)> turn;
   ConsumerStats stats;
@@ -152,14 +156,27 @@ struct Consumer::State {
     co_return success();
   }
 
+  /// The owner is gone (request() closed the connection to it): the get
+  /// that depends on it is cancelled (terminal: it is answered now, while
+  /// its bytes may still land into a region that stays registered until it
+  /// really ends), and the peer goes, so that the backend ends what its
+  /// provider can end and answers the rest as unreachable.
+  asio::awaitable<Error> give_up_owner(const Error& why, asio::cancellation_signal& cancel_get) {
+    owner_lost = Error{errc::peer_unreachable, "lost the owner during the transfer: " + why.message()};
+    cancel_get.emit(asio::cancellation_type::terminal);
+    if (peer) {
+      const auto gone = *std::exchange(peer, std::nullopt);
+      (void)co_await registry->backend()->async_peer_close(gone, asio::use_awaitable);
+    }
+    co_return *owner_lost;
+  }
+
   /// Gets the granted object into `guard` (at its start), renewing the lease
-  /// while the transfer runs. Renewing at least every second also bounds how
-  /// long a dead owner goes unnoticed. When a renewal fails, the owner (or
-  /// the connection to it) is gone, and when the fetch is cancelled its bytes
-  /// are no longer wanted: either way the get is cancelled (terminal: its
-  /// bytes may still land, into a region that stays registered until the
-  /// transfer really ends) rather than left to its own deadline, and this
-  /// waits for the get's answer before it returns.
+  /// while the transfer runs. Renewing at least every second, and watching
+  /// the connection in between, bounds how long a dead owner goes
+  /// unnoticed. When the owner is lost, or the fetch is cancelled, the get is
+  /// cancelled (terminal) rather than left to its own deadline, and this
+  /// returns once the get has answered.
   asio::awaitable<Result<void>> rdma_get_into(const RdmaGrant& grant, RegionGuard& guard) {
     CORMA_CO_TRY(auto descriptor, decode_descriptor(grant.descriptor));
     if (descriptor.len != grant.size) co_return fail(errc::protocol, "descriptor length differs from the object size");
@@ -177,12 +194,19 @@ struct Consumer::State {
     std::optional<Error> stopped;  // why the get was cancelled
     while (!got) {
       if (stopped) {
+        // Only the get's answer is awaited now (its handler wakes this).
         wake.expires_at(asio::steady_timer::time_point::max());
-      } else {
-        wake.expires_after(interval);
+        co_await wake.async_wait(as_result);
+        continue;
       }
-      co_await wake.async_wait(as_result);
-      if (got || stopped) continue;
+      // The connection is watched between renewals too. The owner sends
+      // nothing unasked, so a readable connection means it ended (a dead
+      // owner's kernel closes it at once) or the owner refused something:
+      // the renewal then goes out at once, and reading its answer tells.
+      wake.expires_after(interval);
+      co_await (wake.async_wait(as_result) ||
+                connection->socket().async_wait(asio::socket_base::wait_read, as_result));
+      if (got) continue;
       if (co_await cancelled_here()) {
         stopped = fetch_cancelled("during the rdma get");
         cancel_get.emit(asio::cancellation_type::terminal);
@@ -193,37 +217,50 @@ struct Consumer::State {
         ++stats.renewals;
         continue;
       }
-      stopped = Error{errc::peer_unreachable, "lost the owner during the transfer: " + renewed.error().message()};
-      cancel_get.emit(asio::cancellation_type::terminal);
-      // And the peer goes: its provider then fails the get for good (a
-      // cancelled request may otherwise run to its own deadline), which
-      // frees the destination's registration.
-      if (peer) {
-        const auto gone = *std::exchange(peer, std::nullopt);
-        (void)co_await registry->backend()->async_peer_close(gone, asio::use_awaitable);
-      }
+      stopped = co_await give_up_owner(renewed.error(), cancel_get);
     }
     if (!*got && stopped) co_return std::move(*stopped);
     co_return std::move(*got);
   }
 
   /// The same into memory registered for this one transfer.
-  asio::awaitable<Result<void>> rdma_get(const RdmaGrant& grant, std::span<std::byte> into) {
+  asio::awaitable<Result<void>> rdma_get(const RdmaGrant& grant, std::span<std::byte> into,
+                                         const std::function<void(DeregisteredEvent)>& keep_until) {
     CORMA_CO_TRY(auto guard, co_await registry->async_register(into, Access::local, asio::use_awaitable));
     auto got = co_await rdma_get_into(grant, guard);
-    // The destination is ours again only once the registration is gone
-    // (the get cannot be writing into it any more).
+    if (!got) {
+      // A failed get may have been answered before it ended (cancelled,
+      // with its owner or by the fetch, or past its deadline), and a
+      // provider may be unable to end it at all once its peer died: the
+      // destination then stays registered until the backend lets go of it.
+      // The fetch does not wait for that; `keep_until` takes the memory
+      // over until then.
+      keep_until(guard.deregistered());
+      co_return got;  // the guard's destruction deregisters in the background
+    }
+    // The destination is ours again only once the registration is gone.
     // (Deaf to cancellation: the wait is the point.)
     co_await guard.async_deregister(asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable));
     co_return got;
   }
 
-  /// Where a fetch puts the bytes: given the object's size, the span to fill,
-  /// and the registered region it lies in (null: register it per transfer).
+  /// Where a fetch puts the bytes: given the object's size, the span to fill
+  /// (a fresh one on each call), and the registered region it lies in (null:
+  /// register it per transfer; after a failed transfer `keep_until` takes
+  /// the span's memory over, to free it once the event resolves).
   struct Destination {
     std::function<Result<std::span<std::byte>>(std::uint64_t size)> span_for;
     RegionGuard* registered = nullptr;
+    std::function<void(DeregisteredEvent)> keep_until;
   };
+
+  /// Where the object goes; when it has nowhere to go, the lease is released.
+  asio::awaitable<Result<std::span<std::byte>>> span_to_fill(const Destination& destination, std::uint64_t lease,
+                                                             std::uint64_t size) {
+    auto into = destination.span_for(size);
+    if (!into) (void)co_await release(lease);
+    co_return into;
+  }
 
   asio::awaitable<Result<FetchOutcome>> fetch(std::string name, const Destination& destination) {
     Acquire acquire{name, peer.has_value()};
@@ -249,11 +286,8 @@ struct Consumer::State {
       (void)co_await release(lease);
       co_return fetch_cancelled("after the owner granted it");
     }
-    auto into = destination.span_for(fetched.size);
-    if (!into) {
-      (void)co_await release(lease);
-      co_return std::move(into).error();
-    }
+    auto into = co_await span_to_fill(destination, lease, fetched.size);
+    if (!into) co_return std::move(into).error();
 
     if (auto* grant = std::get_if<RdmaGrant>(&reply)) {
       // (Not a conditional expression: g++ 12 mishandles co_await inside one.)
@@ -261,7 +295,7 @@ struct Consumer::State {
       if (destination.registered != nullptr) {
         got = co_await rdma_get_into(*grant, *destination.registered);
       } else {
-        got = co_await rdma_get(*grant, into.value());
+        got = co_await rdma_get(*grant, into.value(), destination.keep_until);
       }
       if (got) {
         if (config.on_progress) config.on_progress(fetched.size, fetched.size);
@@ -270,14 +304,22 @@ struct Consumer::State {
         ++stats.decisions.rdma;
         co_return fetched;
       }
+      // No fallback from a lost owner: its chunks would come over the
+      // connection that just ended (and the lease died with it).
+      if (owner_lost) co_return *owner_lost;
       if (co_await cancelled_here()) {
         (void)co_await release(lease);
         co_return std::move(got).error();
       }
-      // Exactly one fallback: the chunked path on the same lease.
+      // Exactly one fallback: the chunked path on the same lease, into
+      // fresh memory when the failed get's memory was taken over.
       fetched.fell_back = true;
       fetched.reason = "rdma failed: " + got.error().message();
       ++stats.fallbacks;
+      if (destination.registered == nullptr) {
+        into = co_await span_to_fill(destination, lease, fetched.size);
+        if (!into) co_return std::move(into).error();
+      }
     }
     auto pulled = co_await pull_all(lease, fetched.size, chunk, into.value());
     auto released = co_await release(lease);
@@ -363,7 +405,10 @@ asio::awaitable<Result<Fetched>> fetch_new(std::shared_ptr<Consumer::State> stat
                                     fetched.data = OwnedBuffer::allocate(std::max<std::uint64_t>(size, 1));
                                     return fetched.data.bytes().first(size);
                                   },
-                                  nullptr};
+                                  nullptr,
+                                  [&fetched](DeregisteredEvent released) {
+                                    keep_until_deregistered(std::move(fetched.data), released);
+                                  }};
   CORMA_CO_TRY(auto outcome, co_await state->fetch(std::move(name), fresh_buffer));
   static_cast<FetchOutcome&>(fetched) = std::move(outcome);
   co_return fetched;
@@ -381,7 +426,8 @@ asio::awaitable<Result<FetchOutcome>> fetch_into(std::shared_ptr<Consumer::State
                                   }
                                   return destination.bytes().first(size);
                                 },
-                                &destination};
+                                &destination,
+                                nullptr};
   co_return co_await state->fetch(std::move(name), registered);
 }
 

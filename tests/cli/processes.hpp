@@ -17,7 +17,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -33,9 +35,16 @@ namespace fs = std::filesystem;
 
 class TempTree : public ::testing::Test {
  protected:
-  fs::path base = fs::temp_directory_path() / ("corma-cli-" + std::to_string(::getpid()) + "-" +
-                                                ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  fs::path base = fs::temp_directory_path() / ("corma-cli-" + std::to_string(::getpid()) + "-" + test_name());
   fs::path root = base / "root";
+
+  /// The running test's name, usable as one path component (a parameterised
+  /// test's name holds a '/').
+  static std::string test_name() {
+    std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::replace(name.begin(), name.end(), '/', '-');
+    return name;
+  }
 
   void SetUp() override {
     fs::remove_all(base);
@@ -106,6 +115,17 @@ struct Process {
     pid = -1;
     wait_for_output("\x01", std::chrono::milliseconds(200));  // drain what is left
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+
+  /// Anonymous memory the process has resident (RssAnon), 0 once it is gone.
+  /// Fresh heap pages become resident only when written: a process filling a
+  /// buffer of its own shows its progress here, however the bytes arrive.
+  [[nodiscard]] std::uint64_t resident_anonymous_bytes() const {
+    std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+    for (std::string line; std::getline(status, line);) {
+      if (line.rfind("RssAnon:", 0) == 0) return std::stoull(line.substr(8)) * 1024;  // in kB
+    }
+    return 0;
   }
 
   Process() = default;

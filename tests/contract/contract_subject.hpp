@@ -58,6 +58,11 @@ struct ContractParam {
   /// Optional. Why this configuration cannot run here (no device, say): each
   /// test then skips, printing the reason.
   std::function<std::optional<std::string>()> unavailable;
+  /// Whether the provider can end a transfer whose peer died. When it
+  /// cannot (UCX over shared memory), the transfer is still answered within
+  /// peer_failure_limit, but its local region stays registered (an unmap
+  /// waits) until the backend shuts down.
+  bool ends_dead_peer_transfers = true;
 };
 
 /// gtest prints parameters with this (found by ADL).

@@ -34,7 +34,7 @@ ContractSubject make_shm() {
 
 INSTANTIATE_TEST_SUITE_P(Ucx, BackendContract,
                          ::testing::Values(ContractParam{"tcp", &make_tcp, std::chrono::seconds(5), {}},
-                                           ContractParam{"shm", &make_shm, std::chrono::seconds(5), {}}),
+                                           ContractParam{"shm", &make_shm, std::chrono::seconds(5), {}, false}),
                          ContractParamName{});
 
 }  // namespace

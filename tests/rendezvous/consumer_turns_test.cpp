@@ -120,6 +120,8 @@ TEST_F(Rendezvous, AFetchCancelledDuringItsRdmaGetStopsWithoutFallbackAndLeavesT
   consumer_backend->hold_transfers();
   std::optional<corma::Result<corma::Fetched>> cancelled;
   std::optional<corma::Result<corma::Fetched>> next;
+  std::size_t held_when_answered = 0;
+  std::size_t registered_when_answered = 0;
   asio::cancellation_signal cancel;
   corma::testing::run(io, [&]() -> asio::awaitable<void> {
     auto consumer = (co_await connect(consumer_registry)).value();
@@ -134,10 +136,17 @@ TEST_F(Rendezvous, AFetchCancelledDuringItsRdmaGetStopsWithoutFallbackAndLeavesT
       wait.expires_after(std::chrono::milliseconds(1));
       co_await wait.async_wait(asio::as_tuple(asio::use_awaitable));
     }
-    // The get's bytes may still land: the fetch waits for its real end.
-    EXPECT_FALSE(cancelled.has_value());
-    consumer_backend->release_transfers();
+    // The fetch is answered once the get is, while the provider still holds
+    // it: its bytes may still land, so its destination stays registered
+    // (and allocated) until the transfer really ends.
     while (!cancelled) {
+      wait.expires_after(std::chrono::milliseconds(1));
+      co_await wait.async_wait(asio::as_tuple(asio::use_awaitable));
+    }
+    held_when_answered = consumer_backend->transfers_in_flight();
+    registered_when_answered = consumer_backend->live_registrations().value_or(0);
+    consumer_backend->release_transfers();
+    while (consumer_backend->live_registrations() != 0u) {
       wait.expires_after(std::chrono::milliseconds(1));
       co_await wait.async_wait(asio::as_tuple(asio::use_awaitable));
     }
@@ -147,6 +156,8 @@ TEST_F(Rendezvous, AFetchCancelledDuringItsRdmaGetStopsWithoutFallbackAndLeavesT
   ASSERT_TRUE(cancelled.has_value());
   ASSERT_FALSE(*cancelled);
   EXPECT_TRUE(cancelled->error().is(errc::cancelled)) << cancelled->error().message();
+  EXPECT_EQ(held_when_answered, 1u) << "the fetch waited for the transfer to end";
+  EXPECT_EQ(registered_when_answered, 1u) << "the destination was unregistered while its get could still write";
   ASSERT_TRUE(next.has_value());
   ASSERT_TRUE(*next) << next->error().message();
   EXPECT_EQ(std::vector<std::byte>(next->value().data.bytes().begin(), next->value().data.bytes().end()), small);
@@ -159,6 +170,7 @@ TEST_F(Rendezvous, ADeadOwnerFailsAnRdmaFetchWithinSecondsNotAtTheTransferDeadli
   consumer_backend->hold_transfers();  // the get never finishes by itself
   std::optional<corma::Result<corma::Fetched>> outcome;
   std::chrono::steady_clock::duration noticed{};
+  std::size_t held_when_answered = 0;
   corma::testing::run(io, [&]() -> asio::awaitable<void> {
     auto consumer = (co_await connect(consumer_registry)).value();
     asio::co_spawn(io, fetch_into(*consumer, outcome), asio::detached);
@@ -177,10 +189,18 @@ TEST_F(Rendezvous, ADeadOwnerFailsAnRdmaFetchWithinSecondsNotAtTheTransferDeadli
       co_await wait.async_wait(asio::as_tuple(asio::use_awaitable));
     }
     noticed = std::chrono::steady_clock::now() - stopped;
-    // The held transfer then ends (as a cancelled provider request does), and
-    // the fetch is answered once its destination is no longer registered.
-    consumer_backend->release_transfers();
+    // The fetch is answered while the provider still holds the get: it does
+    // not wait for a transfer that a dead owner's provider may never end.
     while (!outcome) {
+      wait.expires_after(std::chrono::milliseconds(5));
+      co_await wait.async_wait(asio::as_tuple(asio::use_awaitable));
+    }
+    held_when_answered = consumer_backend->transfers_in_flight();
+    // The held transfer then ends, and only then does its destination's
+    // registration go (its memory was kept until then).
+    EXPECT_EQ(consumer_backend->live_registrations(), 1u);
+    consumer_backend->release_transfers();
+    while (consumer_backend->live_registrations() != 0u) {
       wait.expires_after(std::chrono::milliseconds(5));
       co_await wait.async_wait(asio::as_tuple(asio::use_awaitable));
     }
@@ -189,6 +209,7 @@ TEST_F(Rendezvous, ADeadOwnerFailsAnRdmaFetchWithinSecondsNotAtTheTransferDeadli
   ASSERT_FALSE(*outcome);
   EXPECT_TRUE(outcome->error().is(errc::peer_unreachable)) << outcome->error().message();
   EXPECT_LT(noticed, std::chrono::seconds(5)) << "the get was not cancelled when the owner went";
+  EXPECT_EQ(held_when_answered, 1u) << "the fetch waited for the transfer to end";
 }
 
 }  // namespace
