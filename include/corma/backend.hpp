@@ -70,6 +70,29 @@ struct TransferRequest {
 using GetRequest = TransferRequest;
 using PutRequest = TransferRequest;
 
+/// Many transfers of one kind (all gets or all puts), submitted at once and
+/// answered at once. Elements may name different peers and regions.
+using TransferBatch = std::vector<TransferRequest>;
+
+/// Batches longer than this are refused whole (`out_of_range`) without any
+/// element being looked at.
+inline constexpr std::size_t max_batch_size = 16384;
+
+/// One element of a batch that did not succeed: its index in the batch and
+/// the error it would have had as a single transfer.
+struct BatchFailure {
+  std::size_t index = 0;
+  Error error;
+};
+
+/// How a batch that ran went, element by element: every element not listed
+/// in `failures` succeeded.
+struct BatchOutcome {
+  std::size_t size = 0;                ///< elements in the batch
+  std::vector<BatchFailure> failures;  ///< in index order
+  [[nodiscard]] bool all_succeeded() const noexcept { return failures.empty(); }
+};
+
 /// The initiator's half of peer set-up: a pending peer and the bytes to send.
 struct PeerOffer {
   PeerId peer{};
@@ -145,6 +168,29 @@ class RdmaBackend {
         std::move(request));
   }
 
+  /// Many gets (or puts) in one submission with one completion. Each element
+  /// is checked and runs exactly as a single transfer would, and its failure
+  /// is reported in the outcome (index and error) without failing the
+  /// others. The batch as a whole fails only when it never ran: too long
+  /// (`out_of_range`), the backend shut down or its queue full. A `terminal`
+  /// cancellation answers at once, with the elements still running listed as
+  /// `cancelled` (their bytes may still land; their local regions stay
+  /// registered until they really end); other types are not honoured. An
+  /// empty batch succeeds with nothing to do.
+  template <asio::completion_token_for<void(Result<BatchOutcome>)> Token>
+  auto async_get_batch(TransferBatch batch, Token&& token) {
+    return asio::async_initiate<Token, void(Result<BatchOutcome>)>(
+        [this](auto handler, TransferBatch b) { do_get_batch(std::move(b), std::move(handler)); }, token,
+        std::move(batch));
+  }
+
+  template <asio::completion_token_for<void(Result<BatchOutcome>)> Token>
+  auto async_put_batch(TransferBatch batch, Token&& token) {
+    return asio::async_initiate<Token, void(Result<BatchOutcome>)>(
+        [this](auto handler, TransferBatch b) { do_put_batch(std::move(b), std::move(handler)); }, token,
+        std::move(batch));
+  }
+
   /// Initiator — the side that gets from and puts to the target: creates a
   /// pending peer and the offer to send to the target.
   template <asio::completion_token_for<void(Result<PeerOffer>)> Token>
@@ -196,6 +242,8 @@ class RdmaBackend {
   virtual void do_unmap(RegionId id, Handler<void> h) = 0;
   virtual void do_get(GetRequest request, Handler<void> h) = 0;
   virtual void do_put(PutRequest request, Handler<void> h) = 0;
+  virtual void do_get_batch(TransferBatch batch, Handler<BatchOutcome> h) = 0;
+  virtual void do_put_batch(TransferBatch batch, Handler<BatchOutcome> h) = 0;
   virtual void do_peer_offer(Handler<PeerOffer> h) = 0;
   virtual void do_peer_accept(std::vector<std::byte> offer, Handler<PeerAnswer> h) = 0;
   virtual void do_peer_complete(PeerId peer, std::vector<std::byte> answer, Handler<void> h) = 0;
@@ -206,6 +254,9 @@ class RdmaBackend {
 /// Checks a local range before anything reaches a provider: non-null,
 /// non-empty, and `ptr + len` not wrapping around.
 [[nodiscard]] Result<void> validate_range(const void* ptr, std::size_t len);
+
+/// Checks a batch's length against max_batch_size.
+[[nodiscard]] Result<void> validate_batch_size(std::size_t size);
 
 /// Checks that [offset, offset + len) lies inside a region of `region_len`
 /// bytes, without overflowing.

@@ -26,6 +26,12 @@ void EngineBackend::do_get(GetRequest request, Handler<void> h) {
 void EngineBackend::do_put(PutRequest request, Handler<void> h) {
   initiate_transfer(*core_, true, std::move(request), std::move(h));
 }
+void EngineBackend::do_get_batch(TransferBatch batch, Handler<BatchOutcome> h) {
+  initiate_batch(*core_, false, std::move(batch), std::move(h));
+}
+void EngineBackend::do_put_batch(TransferBatch batch, Handler<BatchOutcome> h) {
+  initiate_batch(*core_, true, std::move(batch), std::move(h));
+}
 void EngineBackend::do_peer_offer(Handler<PeerOffer> h) { initiate_peer_offer(*core_, std::move(h)); }
 void EngineBackend::do_peer_accept(std::vector<std::byte> offer, Handler<PeerAnswer> h) {
   initiate_peer_accept(*core_, std::move(offer), std::move(h));

@@ -217,6 +217,18 @@ void EngineCore::cancel_unmap(const std::shared_ptr<VoidOp>& op) {
 
 // ---- transfers ----
 
+void EngineCore::run_batch(const std::shared_ptr<BatchOp>& op) {
+  const bool cancelled = op->cancelled.load(std::memory_order_acquire);
+  for (auto& element : op->elements) {
+    if (cancelled) element->cancelled.store(true, std::memory_order_release);
+    run_transfer(element);
+  }
+}
+
+void EngineCore::cancel_batch(const std::shared_ptr<BatchOp>& op) {
+  for (auto& element : op->elements) cancel_transfer(element);
+}
+
 Result<EngineCore::Region*> EngineCore::admit_local(const TransferRequest& request) {
   if (closed()) return shut_down_error();
   if (request.len == 0) return fail(errc::out_of_range, "zero-length transfer");

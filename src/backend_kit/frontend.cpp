@@ -50,6 +50,27 @@ void initiate_transfer(EngineCore& engine, bool is_put, TransferRequest request,
   engine.submit([op](EngineCore& e) { e.run_transfer(op); }, refuse_with(op));
 }
 
+void initiate_batch(EngineCore& engine, bool is_put, TransferBatch batch, RdmaBackend::Handler<BatchOutcome> h) {
+  auto op = std::make_shared<BatchOp>();
+  op->tally = std::make_shared<detail::BatchTally>(detail::BatchTally::BatchCompletion(std::move(h)), batch.size());
+  if (auto fits = validate_batch_size(batch.size()); !fits) return op->tally->refuse(std::move(fits).error());
+  if (batch.empty()) return op->tally->answer_empty();
+  op->elements.reserve(batch.size());
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    auto element = engine.make_transfer_op();
+    element->is_put = is_put;
+    element->request = std::move(batch[i]);
+    element->batch = op->tally;
+    element->batch_index = i;
+    op->elements.push_back(std::move(element));
+  }
+  // Like a single transfer's: the elements' bytes may still land.
+  engine.watch_cancellation(op, detail::terminal_only,
+                            [](EngineCore& e, const std::shared_ptr<BatchOp>& o) { e.cancel_batch(o); });
+  engine.submit([op](EngineCore& e) { e.run_batch(op); },
+                [op](Error e) { op->tally->refuse(std::move(e)); });
+}
+
 void initiate_peer_offer(EngineCore& engine, RdmaBackend::Handler<PeerOffer> h) {
   auto op = make_op<ValueOp<PeerOffer>>(std::move(h));
   engine.submit([op](EngineCore& e) { e.run_peer_offer(op); }, refuse_with(op));

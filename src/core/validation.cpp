@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <string>
 
 namespace corma {
 
@@ -21,6 +22,14 @@ Result<void> validate_slice(std::uint64_t offset, std::uint64_t len, std::uint64
     return fail(errc::out_of_range, "offset " + std::to_string(offset) + " + length " +
                                         std::to_string(len) + " exceeds the region's " +
                                         std::to_string(region_len) + " bytes");
+  }
+  return success();
+}
+
+Result<void> validate_batch_size(std::size_t size) {
+  if (size > max_batch_size) {
+    return fail(errc::out_of_range, "batch of " + std::to_string(size) + " transfers is longer than " +
+                                        std::to_string(max_batch_size));
   }
   return success();
 }

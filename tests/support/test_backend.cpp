@@ -1,5 +1,6 @@
 #include "test_backend.hpp"
 
+#include <corma/detail/batch_tally.hpp>
 #include <corma/detail/completion.hpp>
 
 #include <boost/asio/cancellation_type.hpp>
@@ -13,10 +14,12 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 namespace corma::testing {
 
+using detail::BatchTally;
 using detail::Completion;
 
 namespace {
@@ -110,12 +113,32 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
     std::optional<RegionId> mapped;
     std::unique_ptr<asio::steady_timer> timer;
   };
+  /// Whom a transfer answers: its own caller, or the batch it is an
+  /// element of. Taken out of the op under the mutex (empty once answered),
+  /// delivered after.
+  struct TransferAnswer {
+    Completion<void(Result<void>)> completion;
+    std::shared_ptr<BatchTally> batch;
+    std::size_t batch_index = 0;
+
+    [[nodiscard]] explicit operator bool() const noexcept { return completion || batch; }
+    void deliver(Result<void> outcome) {
+      if (batch) {
+        batch->element_done(batch_index, std::move(outcome));
+      } else if (completion) {
+        completion.dispatch(std::move(outcome));
+      }
+    }
+  };
   struct TransferOp {
-    Completion<void(Result<void>)> completion;  // empty once answered
+    TransferAnswer answer;
     bool is_put = false;
     TransferRequest request;
     KeyRecord key;
     std::unique_ptr<asio::steady_timer> timer;
+
+    /// The answer, once (the mutex held).
+    TransferAnswer take_answer() { return std::exchange(answer, TransferAnswer{}); }
   };
 
   const std::uint64_t instance = next_instance++;
@@ -385,8 +408,9 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
       transfers.erase(op_id);
       changed.notify_all();
       const bool drained = last_to_drain();
+      auto answer = op->take_answer();
       lock.unlock();
-      op->completion.dispatch(std::move(admitted).error());
+      answer.deliver(std::move(admitted).error());
       if (drained) finish_shutdown();
       return;
     }
@@ -466,9 +490,10 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
     }
     changed.notify_all();
     const bool drained = last_to_drain();
+    auto answer = op->take_answer();
     lock.unlock();
     // The transfer ended before the unmap did: answer in that order.
-    if (op->completion) op->completion.dispatch(std::move(outcome));
+    answer.deliver(std::move(outcome));
     answer_all(std::move(waiters));
     if (drained) finish_shutdown();
   }
@@ -477,17 +502,16 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
   [[nodiscard]] bool last_to_drain() const { return draining && transfers.empty(); }
 
   void cancel_transfer(std::uint64_t op_id) {
-    Completion<void(Result<void>)> completion;
+    TransferAnswer answer;
     {
       std::lock_guard lock(mutex);
       auto it = transfers.find(op_id);
       if (it == transfers.end()) return;
       // The transfer itself runs on; only the caller is released.
-      completion = std::move(it->second->completion);
-      it->second->completion = {};
-      if (completion) ++cancelled_transfers;
+      answer = it->second->take_answer();
+      if (answer) ++cancelled_transfers;
     }
-    if (completion) completion.dispatch(fail(errc::cancelled, "transfer cancelled"));
+    answer.deliver(fail(errc::cancelled, "transfer cancelled"));
   }
 
   // ---- shutdown (progress thread) ----
@@ -683,7 +707,7 @@ void TestBackend::do_put(PutRequest request, Handler<void> h) { transfer(true, s
 
 void TestBackend::transfer(bool is_put, TransferRequest request, Handler<void> h) {
   auto op = std::make_shared<State::TransferOp>();
-  op->completion = Completion<void(Result<void>)>(std::move(h));
+  op->answer.completion = Completion<void(Result<void>)>(std::move(h));
   op->is_put = is_put;
   op->request = std::move(request);
   std::uint64_t op_id = 0;
@@ -692,8 +716,44 @@ void TestBackend::transfer(bool is_put, TransferRequest request, Handler<void> h
     op_id = state_->next_id++;
     state_->transfers.emplace(op_id, op);
   }
-  state_->on_cancel(op->completion, detail::terminal_only, [op_id](State& s) { s.cancel_transfer(op_id); });
+  state_->on_cancel(op->answer.completion, detail::terminal_only, [op_id](State& s) { s.cancel_transfer(op_id); });
   asio::post(state_->io, [state = state_, op_id] { state->run_transfer(op_id); });
+}
+
+void TestBackend::do_get_batch(TransferBatch batch, Handler<BatchOutcome> h) {
+  transfer_batch(false, std::move(batch), std::move(h));
+}
+void TestBackend::do_put_batch(TransferBatch batch, Handler<BatchOutcome> h) {
+  transfer_batch(true, std::move(batch), std::move(h));
+}
+
+// Each element is a transfer of its own (admitted, held, delayed, cancelled
+// and drained like one), answering the batch's tally; one command runs them.
+void TestBackend::transfer_batch(bool is_put, TransferBatch batch, Handler<BatchOutcome> h) {
+  auto tally = std::make_shared<BatchTally>(BatchTally::BatchCompletion(std::move(h)), batch.size());
+  if (auto fits = validate_batch_size(batch.size()); !fits) return tally->refuse(std::move(fits).error());
+  if (batch.empty()) return tally->answer_empty();
+  std::vector<std::uint64_t> ids;
+  ids.reserve(batch.size());
+  {
+    std::lock_guard lock(state_->mutex);
+    if (state_->shut_down) return tally->refuse(Error{errc::shutting_down, "backend shut down"});
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+      auto op = std::make_shared<State::TransferOp>();
+      op->answer.batch = tally;
+      op->answer.batch_index = i;
+      op->is_put = is_put;
+      op->request = std::move(batch[i]);
+      ids.push_back(state_->next_id++);
+      state_->transfers.emplace(ids.back(), std::move(op));
+    }
+  }
+  state_->on_cancel(tally->completion(), detail::terminal_only, [ids](State& s) {
+    for (auto id : ids) s.cancel_transfer(id);
+  });
+  asio::post(state_->io, [state = state_, ids] {
+    for (auto id : ids) state->run_transfer(id);
+  });
 }
 
 void TestBackend::do_peer_offer(Handler<PeerOffer> h) {

@@ -76,6 +76,8 @@ class TestBackend final : public RdmaBackend {
   void do_unmap(RegionId id, Handler<void> h) override;
   void do_get(GetRequest request, Handler<void> h) override;
   void do_put(PutRequest request, Handler<void> h) override;
+  void do_get_batch(TransferBatch batch, Handler<BatchOutcome> h) override;
+  void do_put_batch(TransferBatch batch, Handler<BatchOutcome> h) override;
   void do_peer_offer(Handler<PeerOffer> h) override;
   void do_peer_accept(std::vector<std::byte> offer, Handler<PeerAnswer> h) override;
   void do_peer_complete(PeerId peer, std::vector<std::byte> answer, Handler<void> h) override;
@@ -85,6 +87,7 @@ class TestBackend final : public RdmaBackend {
  private:
   TestBackend();
   void transfer(bool is_put, TransferRequest request, Handler<void> h);
+  void transfer_batch(bool is_put, TransferBatch batch, Handler<BatchOutcome> h);
 
   std::shared_ptr<State> state_;
   std::thread thread_;

@@ -122,6 +122,13 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   void run_unmap(const std::shared_ptr<VoidOp>& op, RegionId id);
   void cancel_unmap(const std::shared_ptr<VoidOp>& op);
 
+  /// Runs each element of a batch as a single transfer (a cancelled batch's
+  /// elements answer `cancelled` before they run).
+  void run_batch(const std::shared_ptr<BatchOp>& op);
+  /// A terminal cancellation of a batch: every element still running is
+  /// answered `cancelled` (cancel_transfer), which answers the batch.
+  void cancel_batch(const std::shared_ptr<BatchOp>& op);
+
   /// The local half of admitting a transfer: open, non-empty, its region
   /// registered and not unmapping, its slice inside. Does not pin.
   Result<Region*> admit_local(const TransferRequest& request);
@@ -196,7 +203,7 @@ void EngineCore::submit(Command command, Refuse refuse) {
 template <class Op, class OnCancel>
 void EngineCore::watch_cancellation(const std::shared_ptr<Op>& op, asio::cancellation_type honoured,
                                     OnCancel on_cancel) {
-  op->completion.on_cancellation(honoured, [weak_engine = weak_from_this(), weak_op = std::weak_ptr<Op>(op),
+  caller_completion(*op).on_cancellation(honoured, [weak_engine = weak_from_this(), weak_op = std::weak_ptr<Op>(op),
                                             on_cancel] {
     auto target = weak_op.lock();
     if (!target) return;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <corma/backend.hpp>
+#include <corma/detail/batch_tally.hpp>
 #include <corma/detail/completion.hpp>
 
 #include <boost/asio/steady_timer.hpp>
@@ -13,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 namespace corma::backend_kit {
@@ -40,14 +42,32 @@ struct VoidOp {
 };
 
 /// A get or put. Providers derive from it to keep their own per-transfer
-/// state (EngineCore::make_transfer_op).
+/// state (EngineCore::make_transfer_op). An element of a batch reports to
+/// its batch's tally instead of its own completion (which stays empty).
 struct TransferOp : VoidOp {
   bool is_put = false;
   TransferRequest request;
   std::uint64_t id = 0;  // 0 until admitted
   std::chrono::steady_clock::time_point deadline;
+  std::shared_ptr<detail::BatchTally> batch;
+  std::size_t batch_index = 0;
   virtual ~TransferOp() = default;
 };
+
+/// A batch of gets or puts on its way to the progress thread: each element
+/// is a transfer op of its own, reporting to the one tally.
+struct BatchOp {
+  std::shared_ptr<detail::BatchTally> tally;
+  std::vector<std::shared_ptr<TransferOp>> elements;
+  std::atomic<bool> cancelled{false};
+};
+
+/// Where an op's caller connected its cancellation slot.
+template <class Op>
+const auto& caller_completion(const Op& op) {
+  return op.completion;
+}
+inline const auto& caller_completion(const BatchOp& op) { return op.tally->completion(); }
 
 template <class T>
 struct ValueOp {
@@ -61,6 +81,9 @@ template <class Op, class T>
 void answer(Op& op, T&& result) {
   if (op.answered) return;
   op.answered = true;
+  if constexpr (std::is_base_of_v<TransferOp, Op>) {
+    if (op.batch) return op.batch->element_done(op.batch_index, Result<void>(std::forward<T>(result)));
+  }
   op.completion.dispatch(std::forward<T>(result));
 }
 

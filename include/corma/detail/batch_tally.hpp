@@ -1,0 +1,58 @@
+// Collecting a batch's element results into one answer. A backend runs each
+// element as it runs a single transfer and reports its result here instead
+// of to a caller; the last report answers the batch, once, on the caller's
+// executor: one hand-off per batch, not one per element.
+#pragma once
+
+#include <corma/backend.hpp>
+#include <corma/detail/completion.hpp>
+
+#include <atomic>
+#include <cstddef>
+#include <optional>
+#include <vector>
+
+namespace corma::detail {
+
+class BatchTally {
+ public:
+  using BatchCompletion = Completion<void(Result<BatchOutcome>)>;
+
+  BatchTally(BatchCompletion completion, std::size_t size)
+      : completion_(std::move(completion)), errors_(size), remaining_(size) {}
+
+  /// The caller's completion, for installing a cancellation handler at
+  /// initiation (see Completion::on_cancellation).
+  [[nodiscard]] const BatchCompletion& completion() const noexcept { return completion_; }
+
+  /// Element `index` ended with `result`; called once per element, from any
+  /// thread. The last call answers the batch.
+  void element_done(std::size_t index, Result<void> result) {
+    if (!result) errors_[index] = std::move(result).error();
+    // acq_rel: the thread that answers sees every other element's error.
+    if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1) completion_.dispatch(outcome());
+  }
+
+  /// The batch never ran (refused whole): answers `error`, never inline.
+  void refuse(Error error) { completion_.post(std::move(error)); }
+
+  /// For a batch with no elements: answers at once, never inline (this is
+  /// called from the initiating function).
+  void answer_empty() { completion_.post(BatchOutcome{}); }
+
+ private:
+  BatchOutcome outcome() {
+    BatchOutcome done;
+    done.size = errors_.size();
+    for (std::size_t i = 0; i < errors_.size(); ++i) {
+      if (errors_[i]) done.failures.push_back(BatchFailure{i, std::move(*errors_[i])});
+    }
+    return done;
+  }
+
+  BatchCompletion completion_;
+  std::vector<std::optional<Error>> errors_;  // each written only by its own element
+  std::atomic<std::size_t> remaining_;
+};
+
+}  // namespace corma::detail
