@@ -146,4 +146,34 @@ double raw_get_loop(RawWorker& worker, ucp_ep_h ep, std::byte* local, std::uint6
   return std::chrono::duration<double>(clock::now() - start).count();
 }
 
+namespace {
+
+void count_done(void* request, ucs_status_t, void* user_data) {
+  ++*static_cast<std::size_t*>(user_data);
+  ucp_request_free(request);
+}
+
+}  // namespace
+
+double raw_get_batches(RawWorker& worker, ucp_ep_h ep, std::byte* local, std::uint64_t remote, ucp_rkey_h rkey,
+                       std::size_t size, std::size_t batch, std::size_t batches) {
+  using clock = std::chrono::steady_clock;
+  std::size_t done = 0;
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  param.cb.send = &count_done;
+  param.user_data = &done;
+  const auto start = clock::now();
+  for (std::size_t round = 0; round < batches; ++round) {
+    done = 0;
+    for (std::size_t i = 0; i < batch; ++i) {
+      void* request = ucp_get_nbx(ep, local + i * size, size, remote + i * size, rkey, &param);
+      if (UCS_PTR_IS_ERR(request)) throw std::runtime_error("ucp_get_nbx failed");
+      if (request == nullptr) ++done;
+    }
+    while (done < batch) ucp_worker_progress(worker.worker());
+  }
+  return std::chrono::duration<double>(clock::now() - start).count();
+}
+
 }  // namespace corma::bench

@@ -60,4 +60,10 @@ double raw_get_loop(RawWorker& worker, ucp_ep_h ep, std::byte* local, std::uint6
                     std::size_t size, std::size_t window, std::size_t total_ops,
                     std::vector<double>* latencies_us = nullptr);
 
+/// `batches` rounds of `batch` gets of `size` bytes (element i at offset
+/// i * size on both sides), each round posted at once and waited for whole;
+/// returns the elapsed seconds.
+double raw_get_batches(RawWorker& worker, ucp_ep_h ep, std::byte* local, std::uint64_t remote, ucp_rkey_h rkey,
+                       std::size_t size, std::size_t batch, std::size_t batches);
+
 }  // namespace corma::bench

@@ -209,27 +209,51 @@ Result<void> Backend::Engine::provider_unmap(void* handle) {
 
 // ---- transfers ----
 
+namespace {
+
+Result<void> inside_key(const TransferRequest& req, std::uint64_t key_addr, std::uint64_t key_len) {
+  if (req.remote_addr < key_addr) return fail(errc::out_of_range, "remote address below the key's range");
+  return validate_slice(req.remote_addr - key_addr, req.len, key_len);
+}
+
+}  // namespace
+
+Result<Backend::Engine::CachedKey> Backend::Engine::unpack_key(const PackedKey& packed, Peer& peer) {
+  CORMA_TRY(auto decoded, wire::decode_key(packed, local_md_map));
+  CachedKey key;
+  key.addr = decoded.addr;
+  key.len = decoded.len;
+  if (auto st = ucp_ep_rkey_unpack(peer.ep, decoded.rkey.data(), &key.rkey); st != UCS_OK) {
+    return ucs_error(errc::invalid_key, "ucp_ep_rkey_unpack", st);
+  }
+  return key;
+}
+
 Result<ucp_rkey_h> Backend::Engine::remote_key(UcxTransferOp& op, Peer& peer) {
   const auto& req = op.request;
+  if (req.key != RemoteKeyId::none) {
+    auto imported = peer.imported.find(req.key);
+    if (imported == peer.imported.end() || imported->second.released) {
+      return fail(errc::invalid_key, "no key imported under that id for this peer");
+    }
+    CORMA_TRY(inside_key(req, imported->second.key.addr, imported->second.key.len));
+    ++imported->second.users;
+    op.uses_imported = true;
+    return imported->second.key.rkey;
+  }
   auto cached = peer.keys.find(req.packed_key);
   CachedKey key;
   if (cached != peer.keys.end()) {
     key = cached->second;
   } else {
-    CORMA_TRY(auto decoded, wire::decode_key(req.packed_key, local_md_map));
-    key.addr = decoded.addr;
-    key.len = decoded.len;
-    if (auto st = ucp_ep_rkey_unpack(peer.ep, decoded.rkey.data(), &key.rkey); st != UCS_OK) {
-      return ucs_error(errc::invalid_key, "ucp_ep_rkey_unpack", st);
-    }
+    CORMA_TRY(key, unpack_key(req.packed_key, peer));
     if (peer.keys.size() < max_cached_keys) {
       peer.keys.emplace(req.packed_key, key);
     } else {
       op.owns_rkey = true;
     }
   }
-  auto inside = req.remote_addr < key.addr ? fail(errc::out_of_range, "remote address below the key's range")
-                                           : validate_slice(req.remote_addr - key.addr, req.len, key.len);
+  auto inside = inside_key(req, key.addr, key.len);
   if (!inside) {
     if (op.owns_rkey) ucp_rkey_destroy(key.rkey);
     op.owns_rkey = false;
@@ -285,11 +309,61 @@ void Backend::Engine::run_transfer(const std::shared_ptr<TransferOp>& base) {
 void Backend::Engine::forget_keys(Peer& peer) {
   for (auto& [bytes, key] : peer.keys) ucp_rkey_destroy(key.rkey);
   peer.keys.clear();
+  for (auto& [id, imported] : peer.imported) ucp_rkey_destroy(imported.key.rkey);
+  peer.imported.clear();
 }
 
 void Backend::Engine::retire_keys(Peer& peer) {
   for (auto& [bytes, key] : peer.keys) retired_keys.push_back(key.rkey);
   peer.keys.clear();
+  for (auto& [id, imported] : peer.imported) retired_keys.push_back(imported.key.rkey);
+  peer.imported.clear();
+}
+
+void Backend::Engine::end_use_of(PeerId peer_id, RemoteKeyId key_id) {
+  auto peer = peers.find(peer_id);
+  if (peer == peers.end()) return;  // its keys went with it
+  auto imported = peer->second.imported.find(key_id);
+  if (imported == peer->second.imported.end()) return;
+  if (--imported->second.users == 0 && imported->second.released) {
+    ucp_rkey_destroy(imported->second.key.rkey);
+    peer->second.imported.erase(imported);
+  }
+}
+
+void Backend::Engine::run_import_key(const std::shared_ptr<ValueOp<RemoteKeyId>>& op) {
+  auto peer = peers.find(op->peer);
+  const std::size_t imported = peer == peers.end() ? 0 : peer->second.imported.size();
+  if (auto room = check_import(op->blob, imported); !room) return op->completion.dispatch(std::move(room).error());
+  if (peer == peers.end() || peer->second.broken) {
+    return op->completion.dispatch(fail(errc::peer_unreachable, "unknown or broken peer"));
+  }
+  if (peer->second.reader) {
+    return op->completion.dispatch(fail(errc::not_configured, "peer accepted read-only: the reader connects"));
+  }
+  if (peer->second.ep == nullptr) {
+    return op->completion.dispatch(fail(errc::peer_unreachable, "peer set-up is not complete"));
+  }
+  auto key = unpack_key(op->blob, peer->second);
+  if (!key) return op->completion.dispatch(std::move(key).error());
+  const RemoteKeyId id{next_id++};
+  peer->second.imported.emplace(id, ImportedKey{key.value(), 0, false});
+  op->completion.dispatch(id);
+}
+
+void Backend::Engine::run_release_key(const std::shared_ptr<VoidOp>& op, RemoteKeyId key_id) {
+  if (closed()) return answer(*op, shut_down_error());
+  for (auto& [peer_id, peer] : peers) {
+    auto imported = peer.imported.find(key_id);
+    if (imported == peer.imported.end()) continue;
+    imported->second.released = true;
+    if (imported->second.users == 0) {
+      ucp_rkey_destroy(imported->second.key.rkey);
+      peer.imported.erase(imported);
+    }
+    break;
+  }
+  answer(*op, success());  // idempotent
 }
 
 void Backend::Engine::on_transfer_done(void* request, ucs_status_t status, void* user_data) {
@@ -395,6 +469,10 @@ void Backend::Engine::release_orphan(std::uint64_t id) {
 }
 
 void Backend::Engine::drop_own_key(UcxTransferOp& op) {
+  if (op.uses_imported) {
+    op.uses_imported = false;
+    end_use_of(op.request.peer, op.request.key);
+  }
   if (op.owns_rkey && op.rkey != nullptr) ucp_rkey_destroy(op.rkey);
   op.owns_rkey = false;
   op.rkey = nullptr;

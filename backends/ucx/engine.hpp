@@ -28,6 +28,7 @@ using backend_kit::VoidOp;
 struct UcxTransferOp : TransferOp {
   ucp_rkey_h rkey = nullptr;
   bool owns_rkey = false;  // false: the peer's key cache owns it
+  bool uses_imported = false;  // counted among its imported key's users
   ucs_status_t status = UCS_OK;
   std::vector<std::uint64_t>* finished = nullptr;  // the engine's completion list
   /// Given up while UCX still holds its request: answered and no longer
@@ -43,6 +44,13 @@ struct Backend::Engine final : backend_kit::EngineCore {
     std::uint64_t addr = 0;
     std::uint64_t len = 0;
   };
+  /// A key imported for a peer: released ones stay until their last
+  /// transfer ends (UCX may still read the rkey).
+  struct ImportedKey {
+    CachedKey key;
+    std::size_t users = 0;  ///< transfers admitted with it and not yet ended
+    bool released = false;
+  };
   struct Peer {
     ucp_ep_h ep = nullptr;  ///< the initiator's endpoint, once its peer is complete
     bool broken = false;
@@ -51,6 +59,7 @@ struct Backend::Engine final : backend_kit::EngineCore {
     bool reader = false;
     /// Keys are validated and unpacked once per peer, not per transfer.
     std::map<PackedKey, CachedKey> keys;
+    std::map<RemoteKeyId, ImportedKey> imported;
   };
   /// Beyond this many keys per peer, a key is unpacked for one transfer only.
   static constexpr std::size_t max_cached_keys = 4096;
@@ -71,6 +80,8 @@ struct Backend::Engine final : backend_kit::EngineCore {
   std::shared_ptr<TransferOp> make_transfer_op() override { return std::make_shared<UcxTransferOp>(); }
   void run_transfer(const std::shared_ptr<TransferOp>& op) override;
   void on_transfer_deadline(TransferOp& op) override;
+  void run_import_key(const std::shared_ptr<ValueOp<RemoteKeyId>>& op) override;
+  void run_release_key(const std::shared_ptr<VoidOp>& op, RemoteKeyId key) override;
   void run_peer_offer(const std::shared_ptr<ValueOp<PeerOffer>>& op) override;
   void run_peer_accept(const std::shared_ptr<ValueOp<PeerAnswer>>& op) override;
   void run_peer_complete(const std::shared_ptr<ValueOp<void>>& op) override;
@@ -84,8 +95,14 @@ struct Backend::Engine final : backend_kit::EngineCore {
   // Helpers (progress thread).
   /// Peers need RMA: untrusted tcp makes none.
   Result<void> peers_allowed() const;
-  /// The transfer's rkey (cached per peer), its remote range checked.
+  /// The transfer's rkey (imported, or cached per peer), its remote range
+  /// checked.
   Result<ucp_rkey_h> remote_key(UcxTransferOp& op, Peer& peer);
+  /// Validates a packed key and unpacks it for `peer`'s endpoint.
+  Result<CachedKey> unpack_key(const PackedKey& packed, Peer& peer);
+  /// A transfer that used an imported key ended: a released key goes once
+  /// its last user did.
+  void end_use_of(PeerId peer, RemoteKeyId key);
   void finish_transfer(std::uint64_t id, ucs_status_t status);
   void forget_keys(Peer& peer);
   /// Keeps a peer's keys until the worker goes: a pending request may use them.

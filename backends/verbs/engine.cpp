@@ -249,6 +249,26 @@ wire::QpEndpoint describe(const OpenedDevice& device, const ibv_qp& qp, std::uin
 
 }  // namespace
 
+void Backend::Engine::run_import_key(const std::shared_ptr<ValueOp<RemoteKeyId>>& op) {
+  auto known = peers.find(op->peer);
+  const std::size_t imported = known == peers.end() ? 0 : known->second.imported.size();
+  if (auto room = check_import(op->blob, imported); !room) return op->completion.dispatch(std::move(room).error());
+  if (auto peer = usable_peer(op->peer); !peer) return op->completion.dispatch(std::move(peer).error());
+  auto key = wire::decode_key(op->blob);
+  if (!key) return op->completion.dispatch(std::move(key).error());
+  const RemoteKeyId id{next_id++};
+  known->second.imported.emplace(id, key.value());
+  op->completion.dispatch(id);
+}
+
+void Backend::Engine::run_release_key(const std::shared_ptr<VoidOp>& op, RemoteKeyId key) {
+  if (closed()) return answer(*op, shut_down_error());
+  for (auto& [id, peer] : peers) {
+    if (peer.imported.erase(key) != 0) break;
+  }
+  answer(*op, success());  // idempotent
+}
+
 void Backend::Engine::run_peer_offer(const std::shared_ptr<ValueOp<PeerOffer>>& op) {
   if (closed()) return op->completion.dispatch(shut_down_error());
   auto qp = create_qp();
@@ -303,13 +323,25 @@ void Backend::Engine::run_peer_close(const std::shared_ptr<VoidOp>& op, PeerId i
 
 // ---- transfers ----
 
-Result<void> Backend::Engine::admit_remote(VerbsTransferOp& op) const {
-  const auto& req = op.request;
-  auto peer = peers.find(req.peer);
+Result<const Backend::Engine::Peer*> Backend::Engine::usable_peer(PeerId id) const {
+  auto peer = peers.find(id);
   if (peer == peers.end() || peer->second.close_waiter) return fail(errc::peer_unreachable, "unknown peer");
   if (peer->second.broken) return fail(errc::peer_unreachable, "peer is broken");
   if (!peer->second.connected) return fail(errc::peer_unreachable, "peer set-up is not complete");
-  CORMA_TRY(auto key, wire::decode_key(req.packed_key));
+  return &peer->second;
+}
+
+Result<void> Backend::Engine::admit_remote(VerbsTransferOp& op) const {
+  const auto& req = op.request;
+  CORMA_TRY(auto peer, usable_peer(req.peer));
+  wire::RemoteKey key;
+  if (req.key != RemoteKeyId::none) {
+    auto imported = peer->imported.find(req.key);
+    if (imported == peer->imported.end()) return fail(errc::invalid_key, "no key imported under that id for this peer");
+    key = imported->second;
+  } else {
+    CORMA_TRY(key, wire::decode_key(req.packed_key));
+  }
   if (req.remote_addr < key.addr) return fail(errc::out_of_range, "remote address below the key's range");
   CORMA_TRY(validate_slice(req.remote_addr - key.addr, req.len, key.len));
   op.rkey = key.rkey;

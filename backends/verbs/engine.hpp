@@ -48,6 +48,9 @@ struct Backend::Engine final : backend_kit::EngineCore {
     /// free send-queue slots.
     std::deque<std::shared_ptr<VerbsTransferOp>> backlog;
     std::shared_ptr<VoidOp> close_waiter;  // peer_close waiting for the flush
+    /// Keys imported for this peer, decoded once. A transfer copies what it
+    /// needs at admission, so a release takes effect at once.
+    std::map<RemoteKeyId, wire::RemoteKey> imported;
   };
 
   Engine(const Config& config, std::shared_ptr<const IbvApi> api);
@@ -64,6 +67,8 @@ struct Backend::Engine final : backend_kit::EngineCore {
   std::shared_ptr<TransferOp> make_transfer_op() override { return std::make_shared<VerbsTransferOp>(); }
   void run_transfer(const std::shared_ptr<TransferOp>& op) override;
   void on_transfer_deadline(TransferOp& op) override;
+  void run_import_key(const std::shared_ptr<ValueOp<RemoteKeyId>>& op) override;
+  void run_release_key(const std::shared_ptr<VoidOp>& op, RemoteKeyId key) override;
   void run_peer_offer(const std::shared_ptr<ValueOp<PeerOffer>>& op) override;
   void run_peer_accept(const std::shared_ptr<ValueOp<PeerAnswer>>& op) override;
   void run_peer_complete(const std::shared_ptr<ValueOp<void>>& op) override;
@@ -84,6 +89,8 @@ struct Backend::Engine final : backend_kit::EngineCore {
 
   // Transfers (progress thread).
   Result<void> admit_remote(VerbsTransferOp& op) const;
+  /// The peer a transfer or an import may use: known, connected, healthy.
+  Result<const Peer*> usable_peer(PeerId id) const;
   /// Posts backlog chunks while the send and completion queues have room.
   void pump(Peer& peer);
   void post_chunks(Peer& peer, VerbsTransferOp& op, std::uint32_t credits);

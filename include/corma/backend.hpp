@@ -22,6 +22,9 @@ namespace asio = boost::asio;
 enum class RegionId : std::uint64_t {};
 /// A connected (or half-connected) peer, as the backend names it.
 enum class PeerId : std::uint64_t {};
+/// A peer's packed key imported once (RdmaBackend::async_import_key); `none`
+/// means a transfer carries its packed key itself.
+enum class RemoteKeyId : std::uint64_t { none = 0 };
 
 /// Names a backend's records on the wire (descriptors, the rendezvous hello).
 /// Each backend owns its value (corma::ucx::backend_id, corma::verbs::
@@ -43,6 +46,10 @@ using PackedKey = std::vector<std::byte>;
 /// Packed keys longer than this are refused without being looked at.
 inline constexpr std::size_t max_packed_key_size = 4096;
 
+/// Keys one peer may have imported at once; beyond it an import answers
+/// `budget_exceeded` until keys are released.
+inline constexpr std::size_t max_imported_keys_per_peer = 65536;
+
 /// Peer set-up blobs (worker addresses, queue-pair attributes) longer than
 /// this are refused without being looked at.
 inline constexpr std::size_t max_peer_blob_size = 64 * 1024;
@@ -58,7 +65,8 @@ struct BackendRegion {
 
 /// One one-sided transfer between a local region and a peer's memory.
 /// get: `len` bytes at the peer's `remote_addr` land in the local region at
-/// `local_offset`. put: the mirror image.
+/// `local_offset`. put: the mirror image. The remote memory is named by a
+/// key imported for that peer (`key`), or else by its packed bytes.
 struct TransferRequest {
   PeerId peer{};
   RegionId local{};
@@ -66,6 +74,7 @@ struct TransferRequest {
   std::uint64_t remote_addr = 0;
   std::uint64_t len = 0;
   PackedKey packed_key;  ///< the key the peer's backend packed for that memory
+  RemoteKeyId key = RemoteKeyId::none;  ///< an imported key; `packed_key` is then ignored
 };
 using GetRequest = TransferRequest;
 using PutRequest = TransferRequest;
@@ -191,6 +200,25 @@ class RdmaBackend {
         std::move(batch));
   }
 
+  /// Imports a peer's packed key: checked and unpacked once (`invalid_key`,
+  /// `peer_unreachable` as a transfer would be answered), then named by
+  /// transfers to that peer instead of their packed bytes. A key lives until
+  /// it is released or its peer closes.
+  template <asio::completion_token_for<void(Result<RemoteKeyId>)> Token>
+  auto async_import_key(PeerId peer, PackedKey packed_key, Token&& token) {
+    return asio::async_initiate<Token, void(Result<RemoteKeyId>)>(
+        [this](auto handler, PeerId p, PackedKey k) { do_import_key(p, std::move(k), std::move(handler)); },
+        token, peer, std::move(packed_key));
+  }
+
+  /// Releases an imported key; idempotent. Transfers admitted before go on
+  /// with it; later ones naming it are refused (`invalid_key`).
+  template <asio::completion_token_for<void(Result<void>)> Token>
+  auto async_release_key(RemoteKeyId key, Token&& token) {
+    return asio::async_initiate<Token, void(Result<void>)>(
+        [this](auto handler, RemoteKeyId k) { do_release_key(k, std::move(handler)); }, token, key);
+  }
+
   /// Initiator — the side that gets from and puts to the target: creates a
   /// pending peer and the offer to send to the target.
   template <asio::completion_token_for<void(Result<PeerOffer>)> Token>
@@ -244,6 +272,8 @@ class RdmaBackend {
   virtual void do_put(PutRequest request, Handler<void> h) = 0;
   virtual void do_get_batch(TransferBatch batch, Handler<BatchOutcome> h) = 0;
   virtual void do_put_batch(TransferBatch batch, Handler<BatchOutcome> h) = 0;
+  virtual void do_import_key(PeerId peer, PackedKey packed_key, Handler<RemoteKeyId> h) = 0;
+  virtual void do_release_key(RemoteKeyId key, Handler<void> h) = 0;
   virtual void do_peer_offer(Handler<PeerOffer> h) = 0;
   virtual void do_peer_accept(std::vector<std::byte> offer, Handler<PeerAnswer> h) = 0;
   virtual void do_peer_complete(PeerId peer, std::vector<std::byte> answer, Handler<void> h) = 0;

@@ -32,6 +32,10 @@ void EngineBackend::do_get_batch(TransferBatch batch, Handler<BatchOutcome> h) {
 void EngineBackend::do_put_batch(TransferBatch batch, Handler<BatchOutcome> h) {
   initiate_batch(*core_, true, std::move(batch), std::move(h));
 }
+void EngineBackend::do_import_key(PeerId peer, PackedKey packed_key, Handler<RemoteKeyId> h) {
+  initiate_import_key(*core_, peer, std::move(packed_key), std::move(h));
+}
+void EngineBackend::do_release_key(RemoteKeyId key, Handler<void> h) { initiate_release_key(*core_, key, std::move(h)); }
 void EngineBackend::do_peer_offer(Handler<PeerOffer> h) { initiate_peer_offer(*core_, std::move(h)); }
 void EngineBackend::do_peer_accept(std::vector<std::byte> offer, Handler<PeerAnswer> h) {
   initiate_peer_accept(*core_, std::move(offer), std::move(h));

@@ -215,6 +215,17 @@ void EngineCore::cancel_unmap(const std::shared_ptr<VoidOp>& op) {
   answer(*op, fail(errc::cancelled, "unmap notification abandoned; the unmap proceeds"));
 }
 
+// ---- imported keys ----
+
+Result<void> EngineCore::check_import(const PackedKey& key, std::size_t imported) const {
+  if (closed()) return shut_down_error();
+  if (key.empty() || key.size() > max_packed_key_size) return fail(errc::invalid_key, "packed key is empty or oversized");
+  if (imported >= max_imported_keys_per_peer) {
+    return fail(errc::budget_exceeded, "the peer already has " + std::to_string(imported) + " imported keys");
+  }
+  return success();
+}
+
 // ---- transfers ----
 
 void EngineCore::run_batch(const std::shared_ptr<BatchOp>& op) {

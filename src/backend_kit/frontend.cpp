@@ -71,6 +71,18 @@ void initiate_batch(EngineCore& engine, bool is_put, TransferBatch batch, RdmaBa
                 [op](Error e) { op->tally->refuse(std::move(e)); });
 }
 
+void initiate_import_key(EngineCore& engine, PeerId peer, PackedKey key, RdmaBackend::Handler<RemoteKeyId> h) {
+  auto op = make_op<ValueOp<RemoteKeyId>>(std::move(h));
+  op->peer = peer;
+  op->blob = std::move(key);
+  engine.submit([op](EngineCore& e) { e.run_import_key(op); }, refuse_with(op));
+}
+
+void initiate_release_key(EngineCore& engine, RemoteKeyId key, RdmaBackend::Handler<void> h) {
+  auto op = make_op<VoidOp>(std::move(h));
+  engine.submit([op, key](EngineCore& e) { e.run_release_key(op, key); }, refuse_with(op));
+}
+
 void initiate_peer_offer(EngineCore& engine, RdmaBackend::Handler<PeerOffer> h) {
   auto op = make_op<ValueOp<PeerOffer>>(std::move(h));
   engine.submit([op](EngineCore& e) { e.run_peer_offer(op); }, refuse_with(op));

@@ -99,6 +99,7 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
   };
   struct Peer {
     std::uint64_t remote_instance = 0;  // 0 while pending
+    std::map<RemoteKeyId, KeyRecord> imported;  // copied by each transfer at admission
   };
   struct MapOp {
     Completion<void(Result<BackendRegion>)> completion;
@@ -384,21 +385,59 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
       return fail(errc::region_not_found, "local region is not registered");
     }
     CORMA_TRY(validate_slice(req.local_offset, req.len, local->second.len));
-    auto peer = peers.find(req.peer);
-    if (peer == peers.end() || peer->second.remote_instance == 0) {
-      return fail(errc::peer_unreachable, "unknown or unconnected peer");
-    }
-    if (req.packed_key.empty() || req.packed_key.size() > max_packed_key_size) {
-      return fail(errc::invalid_key, "packed key is empty or oversized");
-    }
-    CORMA_TRY(op.key, unpack(req.packed_key));
-    if (op.key.instance != peer->second.remote_instance) {
-      return fail(errc::invalid_key, "packed key belongs to another peer");
+    CORMA_TRY(auto* peer, connected_peer(req.peer));
+    if (req.key != RemoteKeyId::none) {
+      auto imported = peer->imported.find(req.key);
+      if (imported == peer->imported.end()) return fail(errc::invalid_key, "no key imported under that id for this peer");
+      op.key = imported->second;
+    } else {
+      CORMA_TRY(op.key, unpack_for(*peer, req.packed_key));
     }
     if (req.remote_addr < op.key.addr) return fail(errc::out_of_range, "remote address below the key's range");
     CORMA_TRY(validate_slice(req.remote_addr - op.key.addr, req.len, op.key.len));
     ++local->second.transfers;
     return success();
+  }
+
+  /// A peer transfers and imports may use (the mutex held).
+  Result<Peer*> connected_peer(PeerId id) {
+    auto peer = peers.find(id);
+    if (peer == peers.end() || peer->second.remote_instance == 0) {
+      return fail(errc::peer_unreachable, "unknown or unconnected peer");
+    }
+    return &peer->second;
+  }
+
+  /// Checks a packed key the way a provider would, for `peer`.
+  static Result<KeyRecord> unpack_for(const Peer& peer, const PackedKey& packed) {
+    if (packed.empty() || packed.size() > max_packed_key_size) {
+      return fail(errc::invalid_key, "packed key is empty or oversized");
+    }
+    CORMA_TRY(auto key, unpack(packed));
+    if (key.instance != peer.remote_instance) return fail(errc::invalid_key, "packed key belongs to another peer");
+    return key;
+  }
+
+  Result<RemoteKeyId> import_key(PeerId peer_id, const PackedKey& packed) {
+    std::lock_guard lock(mutex);
+    if (shut_down) return fail(errc::shutting_down, "backend shut down");
+    CORMA_TRY(auto* peer, connected_peer(peer_id));
+    if (peer->imported.size() >= max_imported_keys_per_peer) {
+      return fail(errc::budget_exceeded, "the peer's imported-key table is full");
+    }
+    CORMA_TRY(auto key, unpack_for(*peer, packed));
+    const RemoteKeyId id{next_id++};
+    peer->imported.emplace(id, key);
+    return id;
+  }
+
+  Result<void> release_key(RemoteKeyId key) {
+    std::lock_guard lock(mutex);
+    if (shut_down) return fail(errc::shutting_down, "backend shut down");
+    for (auto& [id, peer] : peers) {
+      if (peer.imported.erase(key) != 0) break;
+    }
+    return success();  // idempotent
   }
 
   void run_transfer(std::uint64_t op_id) {
@@ -756,6 +795,19 @@ void TestBackend::transfer_batch(bool is_put, TransferBatch batch, Handler<Batch
   });
 }
 
+void TestBackend::do_import_key(PeerId peer, PackedKey packed_key, Handler<RemoteKeyId> h) {
+  asio::post(state_->io, [state = state_, peer, packed_key = std::move(packed_key),
+                          c = Completion<void(Result<RemoteKeyId>)>(std::move(h))]() mutable {
+    c.dispatch(state->import_key(peer, packed_key));
+  });
+}
+
+void TestBackend::do_release_key(RemoteKeyId key, Handler<void> h) {
+  asio::post(state_->io, [state = state_, key, c = Completion<void(Result<void>)>(std::move(h))]() mutable {
+    c.dispatch(state->release_key(key));
+  });
+}
+
 void TestBackend::do_peer_offer(Handler<PeerOffer> h) {
   asio::post(state_->io, [state = state_, c = Completion<void(Result<PeerOffer>)>(std::move(h))]() mutable {
     std::unique_lock lock(state->mutex);
@@ -781,7 +833,7 @@ void TestBackend::do_peer_accept(std::vector<std::byte> offer, Handler<PeerAnswe
       return c.dispatch(fail(errc::shutting_down, "backend shut down"));
     }
     const PeerId peer{state->next_id++};
-    state->peers[peer] = State::Peer{remote.value()};
+    state->peers[peer] = State::Peer{remote.value(), {}};
     lock.unlock();
     c.dispatch(PeerAnswer{peer, encode_u64(state->instance)});
   });

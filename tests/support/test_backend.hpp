@@ -78,6 +78,8 @@ class TestBackend final : public RdmaBackend {
   void do_put(PutRequest request, Handler<void> h) override;
   void do_get_batch(TransferBatch batch, Handler<BatchOutcome> h) override;
   void do_put_batch(TransferBatch batch, Handler<BatchOutcome> h) override;
+  void do_import_key(PeerId peer, PackedKey packed_key, Handler<RemoteKeyId> h) override;
+  void do_release_key(RemoteKeyId key, Handler<void> h) override;
   void do_peer_offer(Handler<PeerOffer> h) override;
   void do_peer_accept(std::vector<std::byte> offer, Handler<PeerAnswer> h) override;
   void do_peer_complete(PeerId peer, std::vector<std::byte> answer, Handler<void> h) override;

@@ -41,6 +41,8 @@ class EngineBackend : public RdmaBackend {
   void do_put(PutRequest request, Handler<void> h) final;
   void do_get_batch(TransferBatch batch, Handler<BatchOutcome> h) final;
   void do_put_batch(TransferBatch batch, Handler<BatchOutcome> h) final;
+  void do_import_key(PeerId peer, PackedKey packed_key, Handler<RemoteKeyId> h) final;
+  void do_release_key(RemoteKeyId key, Handler<void> h) final;
   void do_peer_offer(Handler<PeerOffer> h) final;
   void do_peer_accept(std::vector<std::byte> offer, Handler<PeerAnswer> h) final;
   void do_peer_complete(PeerId peer, std::vector<std::byte> answer, Handler<void> h) final;

@@ -83,6 +83,10 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   virtual void cancel_transfer(const std::shared_ptr<TransferOp>& op);
   /// The transfer passed its deadline (already answered `timeout`).
   virtual void on_transfer_deadline(TransferOp& op) = 0;
+  /// Checks and unpacks `op->blob` for `op->peer` (see check_import_room).
+  virtual void run_import_key(const std::shared_ptr<ValueOp<RemoteKeyId>>& op) = 0;
+  /// Idempotent; transfers already admitted keep what they use.
+  virtual void run_release_key(const std::shared_ptr<VoidOp>& op, RemoteKeyId key) = 0;
   virtual void run_peer_offer(const std::shared_ptr<ValueOp<PeerOffer>>& op) = 0;
   virtual void run_peer_accept(const std::shared_ptr<ValueOp<PeerAnswer>>& op) = 0;
   virtual void run_peer_complete(const std::shared_ptr<ValueOp<void>>& op) = 0;
@@ -128,6 +132,10 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   /// A terminal cancellation of a batch: every element still running is
   /// answered `cancelled` (cancel_transfer), which answers the batch.
   void cancel_batch(const std::shared_ptr<BatchOp>& op);
+
+  /// What every import checks before the provider sees the key: open, the
+  /// key's size, and room in the peer's table (`imported` keys already).
+  Result<void> check_import(const PackedKey& key, std::size_t imported) const;
 
   /// The local half of admitting a transfer: open, non-empty, its region
   /// registered and not unmapping, its slice inside. Does not pin.

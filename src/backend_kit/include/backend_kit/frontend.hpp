@@ -19,6 +19,8 @@ void initiate_map(EngineCore& engine, void* ptr, std::size_t len, Access access,
 void initiate_unmap(EngineCore& engine, RegionId id, RdmaBackend::Handler<void> h);
 void initiate_transfer(EngineCore& engine, bool is_put, TransferRequest request, RdmaBackend::Handler<void> h);
 void initiate_batch(EngineCore& engine, bool is_put, TransferBatch batch, RdmaBackend::Handler<BatchOutcome> h);
+void initiate_import_key(EngineCore& engine, PeerId peer, PackedKey key, RdmaBackend::Handler<RemoteKeyId> h);
+void initiate_release_key(EngineCore& engine, RemoteKeyId key, RdmaBackend::Handler<void> h);
 void initiate_peer_offer(EngineCore& engine, RdmaBackend::Handler<PeerOffer> h);
 void initiate_peer_accept(EngineCore& engine, std::vector<std::byte> offer, RdmaBackend::Handler<PeerAnswer> h);
 void initiate_peer_complete(EngineCore& engine, PeerId peer, std::vector<std::byte> answer,
