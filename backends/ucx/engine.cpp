@@ -604,8 +604,12 @@ void Backend::Engine::close_peers() {
   progress_until([this] { return closing_endpoints.empty(); });
   for (auto& c : closing_endpoints) {
     if (c.op) answer(*c.op, shut_down_error());
+    // Released unfinished (a flush towards a peer that died before the
+    // endpoint's wire-up completed never ends): the worker's destruction
+    // then ends it. UCX aborts on a request still held when it does.
+    if (c.request != nullptr) ucp_request_free(c.request);
   }
-  closing_endpoints.clear();  // the worker's destruction releases them
+  closing_endpoints.clear();
 }
 
 void Backend::Engine::forget_transfer(TransferOp& op) { drop_own_key(static_cast<UcxTransferOp&>(op)); }

@@ -6,6 +6,7 @@
 #include <corma/error.hpp>
 
 #include <boost/asio/any_completion_handler.hpp>
+#include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/async_result.hpp>
 
 #include <cstddef>
@@ -135,6 +136,13 @@ class RdmaBackend {
 
   /// What names this backend's descriptors and peer offers on the wire.
   [[nodiscard]] virtual BackendId wire_id() const noexcept = 0;
+
+  /// The executor of the backend's progress thread. Work spawned on it runs
+  /// on that thread: transfers started there complete inline, with no
+  /// hand-off between threads at all. Nothing may block there, since every
+  /// operation of the backend waits behind it (docs/architecture.md,
+  /// "Threading model").
+  [[nodiscard]] virtual asio::any_io_executor progress_executor() const = 0;
 
   /// Registrations the provider still holds, counted on confirmed
   /// deregistration; nullopt when the backend cannot tell.

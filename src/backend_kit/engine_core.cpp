@@ -23,13 +23,20 @@ void EngineCore::quit() {
 }
 
 void EngineCore::loop() {
-  run_until_quit();
-  // Whatever was queued before the end (late commands, cancelled timers) runs
-  // now and is answered shutting_down, so no handler outlives the loop
-  // holding the engine.
-  io.restart();
-  while (commands_.run_all() + io.poll() != 0) {
-  }
+  // The whole loop runs as one handler of `io`, so this thread counts as
+  // running in it: a completion whose handler's executor is `io` (a
+  // coroutine spawned on progress_executor()) is invoked inline instead of
+  // posted, and the loop's own nested poll() and run_one() run the rest.
+  asio::post(io, [this] {
+    run_until_quit();
+    // Whatever was queued before the end (late commands, cancelled timers)
+    // runs now and is answered shutting_down, so no handler outlives the
+    // loop holding the engine.
+    detail::BulkHandoff bulk;
+    while (commands_.run_all() + io.poll() != 0) bulk.flush();
+    io.stop();
+  });
+  io.run();
 }
 
 void EngineCore::run_until_quit() {
@@ -41,6 +48,8 @@ void EngineCore::run_until_quit() {
   unsigned turns_since_poll = 0;
   auto last_activity = clock::now();
   while (!quitting_) {
+    // Completions of this turn go to each caller's executor together.
+    detail::BulkHandoff bulk;
     const std::size_t commands = commands_.run_all();
     const std::size_t progressed = progress();
     std::size_t handlers = 0;
@@ -59,6 +68,7 @@ void EngineCore::run_until_quit() {
                             (settings.progress == ProgressMode::adaptive && now - last_activity < settings.spin_time);
       if (spinning) continue;
     }
+    bulk.flush();  // before sleeping: nobody waits on this thread's sleep
     if (!commands_.prepare_to_sleep()) continue;
     if (!torn_down && !arm_for_sleep()) {  // events arrived meanwhile
       commands_.awake();

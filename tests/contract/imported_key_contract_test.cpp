@@ -39,6 +39,12 @@ void set_up(const ContractParam& param, Imported& t) {
   auto local = map(*t.pair.initiator.backend, t.local_buffer.data(), t.local_buffer.size(), Access::local);
   ASSERT_TRUE(local) << describe(local);
   t.local = std::move(local).value();
+  // The connection is wired up for real first: UCX 1.13 aborts the process
+  // when a worker is destroyed while an endpoint's wire-up is still pending
+  // (see PeerShutdownDuringGetsAnswersEveryCaller).
+  auto warm = get(*t.pair.initiator.backend, GetRequest{t.pair.peer, t.local.id, 0, address(t.remote_buffer.data()),
+                                                        64, t.remote.packed_key});
+  ASSERT_TRUE(warm) << describe(warm);
   auto key = import_key(*t.pair.initiator.backend, t.pair.peer, t.remote.packed_key);
   ASSERT_TRUE(key) << describe(key);
   EXPECT_NE(key.value(), RemoteKeyId::none);

@@ -644,6 +644,8 @@ TestBackend::~TestBackend() {
   }
 }
 
+asio::any_io_executor TestBackend::progress_executor() const { return state_->io.get_executor(); }
+
 std::optional<std::size_t> TestBackend::live_registrations() const {
   std::lock_guard lock(state_->mutex);
   return state_->regions.size();

@@ -37,6 +37,7 @@ class TestBackend final : public RdmaBackend {
 
   [[nodiscard]] std::string_view key() const noexcept override { return "test"; }
   [[nodiscard]] BackendId wire_id() const noexcept override { return test_backend_id; }
+  [[nodiscard]] asio::any_io_executor progress_executor() const override;
   [[nodiscard]] std::optional<std::size_t> live_registrations() const override;
 
   void set_faults(const TestBackendFaults& faults);

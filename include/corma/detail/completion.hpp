@@ -17,6 +17,7 @@
 #include <functional>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 namespace corma::detail {
 
@@ -51,6 +52,62 @@ class RollbackUnlessDelivered {
 inline constexpr asio::cancellation_type terminal_only = asio::cancellation_type::terminal;
 inline constexpr asio::cancellation_type any_cancellation =
     asio::cancellation_type::terminal | asio::cancellation_type::partial | asio::cancellation_type::total;
+
+/// Hand-offs gathered on one thread while a scope of this type is open (a
+/// backend's progress turn) and made when it closes: completions bound for
+/// the same executor go over in one dispatch, paying one queue insertion and
+/// at most one wake-up of the caller's thread for all of them. Completions
+/// whose executor runs on this thread run inline, in order, when it closes.
+class BulkHandoff {
+ public:
+  BulkHandoff() : outer_(std::exchange(current(), this)) {}
+  BulkHandoff(const BulkHandoff&) = delete;
+  BulkHandoff& operator=(const BulkHandoff&) = delete;
+  ~BulkHandoff() {
+    flush();
+    current() = outer_;
+  }
+
+  /// The scope open on this thread, if any.
+  static BulkHandoff*& current() noexcept {
+    thread_local BulkHandoff* scope = nullptr;
+    return scope;
+  }
+
+  /// Queues `deliver` for `work`'s executor, after whatever this scope
+  /// already holds for it.
+  void add(asio::any_completion_executor work, asio::any_completion_handler<void()> deliver) {
+    for (auto& group : groups_) {
+      if (group.work == work) {
+        group.delivers.push_back(std::move(deliver));
+        return;
+      }
+    }
+    groups_.push_back(Group{std::move(work), {}});
+    groups_.back().delivers.push_back(std::move(deliver));
+  }
+
+  /// Hands over everything gathered so far, one dispatch per executor.
+  void flush() {
+    while (!groups_.empty()) {
+      auto groups = std::move(groups_);
+      groups_.clear();
+      for (auto& group : groups) {
+        asio::dispatch(group.work, [delivers = std::move(group.delivers)]() mutable {
+          for (auto& deliver : delivers) std::move(deliver)();
+        });
+      }
+    }
+  }
+
+ private:
+  struct Group {
+    asio::any_completion_executor work;  // keeps the caller's context busy until the delivery
+    std::vector<asio::any_completion_handler<void()>> delivers;
+  };
+  std::vector<Group> groups_;
+  BulkHandoff* outer_;
+};
 
 template <class Signature>
 class Completion;
@@ -106,9 +163,20 @@ class Completion<void(Args...)> {
   }
 
   /// Completes on the handler's executor; runs inline only when the current
-  /// thread already runs in that executor. Never call it from the initiating
-  /// function itself: use post() there.
-  void dispatch(Args... args) { hand_off<false>(RollbackUnlessDelivered{}, std::move(args)...); }
+  /// thread already runs in that executor. Inside a BulkHandoff scope the
+  /// hand-off waits for the scope's end, with the others bound for the same
+  /// executor. Never call it from the initiating function itself: use post()
+  /// there.
+  void dispatch(Args... args) {
+    if (auto* bulk = BulkHandoff::current()) {
+      auto work = std::move(work_);
+      bulk->add(std::move(work), [handler = std::move(handler_), args = std::make_tuple(std::move(args)...)]() mutable {
+        std::apply(std::move(handler), std::move(args));
+      });
+      return;
+    }
+    hand_off<false>(RollbackUnlessDelivered{}, std::move(args)...);
+  }
 
   /// Completes on the handler's executor, never inline (costs one extra hop:
   /// for answers given from the initiating function, which are rare).

@@ -28,6 +28,7 @@ class EngineBackend : public RdmaBackend {
  public:
   ~EngineBackend() override;
 
+  [[nodiscard]] asio::any_io_executor progress_executor() const final;
   [[nodiscard]] std::optional<std::size_t> live_registrations() const final;
   /// Transfers posted to the provider and not yet finished (answered or not).
   [[nodiscard]] std::size_t transfers_in_flight() const;

@@ -150,7 +150,9 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   void stop_deadline_sweep();
 
   const EngineSettings settings;
-  asio::io_context io;
+  /// Run by the progress thread alone (the hint lets nested poll() calls
+  /// from the loop, which is itself a handler of it, see every handler).
+  asio::io_context io{1};
 
   // Testing aids, reached through backend_kit::core_of: a delay between
   // registering a region and answering its map (opens the "mapped, not
