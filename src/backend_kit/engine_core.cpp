@@ -50,6 +50,7 @@ void EngineCore::run_until_quit() {
   while (!quitting_) {
     // Completions of this turn go to each caller's executor together.
     detail::BulkHandoff bulk;
+    turn_time_ = clock::now();
     const std::size_t commands = commands_.run_all();
     const std::size_t progressed = progress();
     std::size_t handlers = 0;
@@ -263,7 +264,9 @@ Result<EngineCore::Region*> EngineCore::admit_local(const TransferRequest& reque
 
 void EngineCore::track(const std::shared_ptr<TransferOp>& op, Region& region) {
   op->id = next_id++;
-  op->deadline = std::chrono::steady_clock::now() + settings.operation_timeout;
+  // The turn's clock, not a clock read per transfer: a deadline a turn
+  // early is harmless, a clock_gettime per small get is not.
+  op->deadline = turn_time_ + settings.operation_timeout;
   ++region.transfers;
   transfers.emplace(op->id, op);
   in_flight.fetch_add(1, std::memory_order_acq_rel);

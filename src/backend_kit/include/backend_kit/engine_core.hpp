@@ -183,6 +183,8 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   asio::executor_work_guard<asio::io_context::executor_type> work_ = asio::make_work_guard(io);
   CommandQueue commands_{io};
   bool quitting_ = false;
+  /// When the current progress turn began (read once per turn).
+  std::chrono::steady_clock::time_point turn_time_ = std::chrono::steady_clock::now();
   std::map<std::uint64_t, std::shared_ptr<MapOp>> delayed_maps_;
   std::optional<asio::steady_timer> deadline_sweep_;
   bool sweep_armed_ = false;
