@@ -70,6 +70,10 @@ void EngineCore::run_until_quit() {
       if (spinning) continue;
     }
     bulk.flush();  // before sleeping: nobody waits on this thread's sleep
+    // What this thread posted to `io` from the loop itself (a completion
+    // run inline that posts, say) waits in Asio's thread-private queue for
+    // this handler, which only a nested poll() hands over: run it first.
+    if (io.poll() != 0) continue;
     if (!commands_.prepare_to_sleep()) continue;
     if (!torn_down && !arm_for_sleep()) {  // events arrived meanwhile
       commands_.awake();

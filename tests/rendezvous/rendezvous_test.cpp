@@ -85,6 +85,13 @@ TEST_F(Rendezvous, FailedGetFallsBackExactlyOnce) {
     EXPECT_NE(fetched.value().reason.find("rdma failed"), std::string::npos) << fetched.value().reason;
     EXPECT_EQ(std::memcmp(fetched.value().data.data(), big.data(), big.size()), 0);
     EXPECT_EQ(consumer->stats().fallbacks, 1u);
+    // A failed get's destination is deregistered in the background (the
+    // fetch does not wait for a transfer that may not end): wait for it.
+    asio::steady_timer wait(io);
+    while (consumer_registry->stats().registered_bytes != 0) {
+      wait.expires_after(std::chrono::milliseconds(1));
+      co_await wait.async_wait(asio::as_tuple(asio::use_awaitable));
+    }
   }());
   EXPECT_EQ(owner->stats().decisions.rdma, 1u) << "one grant, one fallback, no second acquire";
   EXPECT_EQ(owner->stats().live_leases, 0u);
