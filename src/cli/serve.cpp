@@ -13,6 +13,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 
+#include <chrono>
 #include <cstdio>
 #include <optional>
 
@@ -105,6 +106,12 @@ int run_serve(const ServeOptions& options) {
   });
   asio::co_spawn(io, owner.serve(acceptor), asio::detached);
   io.run();
+  // Answers given at once to calls refused during the shutdown travel
+  // through Asio's system executor and may still be on their way: each
+  // holds work on `io`, so running it until it is out of work (bounded)
+  // delivers them here, before `io` is destroyed.
+  io.restart();
+  io.run_for(std::chrono::seconds(2));
   const auto live = backend.value().backend->live_registrations();
   std::printf("corma serve: stopped; %zu live registrations\n", live.value_or(0));
   return clean && live.value_or(0) == 0 ? 0 : 1;
