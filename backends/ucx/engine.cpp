@@ -24,7 +24,7 @@ backend_kit::EngineSettings settings_of(const Config& c) {
 }  // namespace
 
 Backend::Engine::Engine(const Config& c)
-    : EngineCore(settings_of(c)), config(c), rma(c.trusted_peers || c.transport == Transport::shared_memory) {}
+    : TransferEngine(settings_of(c)), config(c), rma(c.trusted_peers || c.transport == Transport::shared_memory) {}
 
 Result<void> Backend::Engine::start() {
   ucp_config_t* ucp_config = nullptr;
@@ -112,13 +112,13 @@ void Backend::Engine::tear_down() {
   if (context != nullptr) ucp_cleanup(context);
   worker = nullptr;
   context = nullptr;
-  torn_down = true;
+  mark_torn_down();
 }
 
 // ---- progress ----
 
 std::size_t Backend::Engine::progress() {
-  if (torn_down) return 0;
+  if (torn_down()) return 0;
   std::size_t events = 0;
   while (ucp_worker_progress(worker) != 0) ++events;
   // Completions recorded inside UCX callbacks are finished here, outside
@@ -127,9 +127,8 @@ std::size_t Backend::Engine::progress() {
     auto done = std::move(finished);
     finished.clear();
     for (auto id : done) {
-      auto it = transfers.find(id);
-      if (it != transfers.end()) {
-        finish_transfer(id, static_cast<UcxTransferOp&>(*it->second).status);
+      if (auto* op = find_transfer(id)) {
+        finish_transfer(id, op->status);
       } else {
         release_orphan(id);
       }
@@ -262,8 +261,7 @@ Result<ucp_rkey_h> Backend::Engine::remote_key(UcxTransferOp& op, Peer& peer) {
   return key.rkey;
 }
 
-void Backend::Engine::run_transfer(const std::shared_ptr<TransferOp>& base) {
-  auto op = std::static_pointer_cast<UcxTransferOp>(base);
+void Backend::Engine::run_transfer(const std::shared_ptr<UcxTransferOp>& op) {
   if (op->cancelled.load(std::memory_order_acquire)) {
     return answer(*op, fail(errc::cancelled, "transfer cancelled before it ran"));
   }
@@ -346,7 +344,7 @@ void Backend::Engine::run_import_key(const std::shared_ptr<ValueOp<RemoteKeyId>>
   }
   auto key = unpack_key(op->blob, peer->second);
   if (!key) return op->completion.dispatch(std::move(key).error());
-  const RemoteKeyId id{next_id++};
+  const RemoteKeyId id{new_id()};
   peer->second.imported.emplace(id, ImportedKey{key.value(), 0, false});
   op->completion.dispatch(id);
 }
@@ -375,15 +373,15 @@ void Backend::Engine::on_transfer_done(void* request, ucs_status_t status, void*
 }
 
 void Backend::Engine::finish_transfer(std::uint64_t id, ucs_status_t status) {
-  auto base = untrack(id);
-  if (!base) return;
-  auto& op = static_cast<UcxTransferOp&>(*base);
+  auto taken = untrack(id);
+  if (!taken) return;
+  auto& op = *taken;
   drop_own_key(op);
 
   // The caller hears of its transfer before an unmap that waited for it.
   if (status == UCS_OK) {
     answer(op, success());
-  } else if (status == UCS_ERR_CANCELED && closing) {
+  } else if (status == UCS_ERR_CANCELED && closing()) {
     answer(op, shut_down_error());
   } else {
     auto peer = peers.find(op.request.peer);
@@ -394,7 +392,7 @@ void Backend::Engine::finish_transfer(std::uint64_t id, ucs_status_t status) {
   unpin(op.request.local);
 }
 
-void Backend::Engine::on_transfer_deadline(TransferOp& op) {
+void Backend::Engine::on_transfer_deadline(UcxTransferOp& op) {
   auto peer = peers.find(op.request.peer);
   if (peer != peers.end()) abandon_endpoint(peer->first, peer->second);
 }
@@ -423,12 +421,8 @@ void Backend::Engine::abandon_endpoint(PeerId id, Peer& peer) {
 }
 
 void Backend::Engine::orphan_transfers_of(PeerId peer) {
-  std::vector<std::uint64_t> ids;
-  for (const auto& [id, op] : transfers) {
-    if (op->request.peer == peer) ids.push_back(id);
-  }
-  for (auto id : ids) {
-    orphans.emplace(id, std::static_pointer_cast<UcxTransferOp>(transfers.at(id)));
+  for (auto id : transfers_where([peer](const UcxTransferOp& op) { return op.request.peer == peer; })) {
+    orphans.emplace(id, share_transfer(id));
     finish_transfer(id, UCS_ERR_CANCELED);
   }
 }
@@ -443,12 +437,8 @@ void Backend::Engine::orphan_transfers_of(PeerId peer) {
 void Backend::Engine::strand_transfers_of(PeerId id, Peer& peer) {
   retire_keys(peer);
   peer.ep = nullptr;  // left to the worker's destruction
-  std::vector<std::uint64_t> ids;
-  for (const auto& [transfer_id, op] : transfers) {
-    if (op->request.peer == id) ids.push_back(transfer_id);
-  }
-  for (auto transfer_id : ids) {
-    auto op = std::static_pointer_cast<UcxTransferOp>(untrack(transfer_id));
+  for (auto transfer_id : transfers_where([id](const UcxTransferOp& op) { return op.request.peer == id; })) {
+    auto op = untrack(transfer_id);
     op->stranded = true;
     answer(*op, provider_error(errc::peer_unreachable,
                                std::string(op->is_put ? "put" : "get") +
@@ -523,7 +513,7 @@ Result<void> Backend::Engine::peers_allowed() const {
 
 void Backend::Engine::run_peer_offer(const std::shared_ptr<ValueOp<PeerOffer>>& op) {
   if (auto allowed = peers_allowed(); !allowed) return op->completion.dispatch(std::move(allowed).error());
-  const PeerId id{next_id++};
+  const PeerId id{new_id()};
   peers.emplace(id, Peer{});
   op->completion.dispatch(PeerOffer{id, wire::encode_offer()});
 }
@@ -531,7 +521,7 @@ void Backend::Engine::run_peer_offer(const std::shared_ptr<ValueOp<PeerOffer>>& 
 void Backend::Engine::run_peer_accept(const std::shared_ptr<ValueOp<PeerAnswer>>& op) {
   if (auto allowed = peers_allowed(); !allowed) return op->completion.dispatch(std::move(allowed).error());
   if (auto offer = wire::decode_offer(op->blob); !offer) return op->completion.dispatch(std::move(offer).error());
-  const PeerId id{next_id++};
+  const PeerId id{new_id()};
   Peer peer;
   peer.reader = true;
   peers.emplace(id, std::move(peer));
@@ -559,8 +549,7 @@ void Backend::Engine::run_peer_close(const std::shared_ptr<VoidOp>& op, PeerId i
   // A peer closed with transfers still in flight is one its user gave up
   // on (its owner died, say): a flush would wait for them until their
   // deadline. Forced, UCX fails them now, which unpins their regions.
-  const bool busy = std::any_of(transfers.begin(), transfers.end(),
-                                [id](const auto& t) { return t.second->request.peer == id; });
+  const bool busy = !transfers_where([id](const UcxTransferOp& t) { return t.request.peer == id; }).empty();
   const bool force = it->second.broken || busy;
   if (force && !can_force_close()) {
     strand_transfers_of(id, it->second);
@@ -583,7 +572,7 @@ void Backend::Engine::run_peer_close(const std::shared_ptr<VoidOp>& op, PeerId i
 void Backend::Engine::close_peers() {
   // Endpoints: flushed when healthy and idle, forced otherwise (which also
   // makes UCX fail whatever is still in flight on them).
-  const bool force_all = !transfers.empty();
+  const bool force_all = has_transfers();
   for (auto& [id, peer] : peers) {
     const bool force = force_all || peer.broken;
     if (force && !can_force_close()) {
@@ -612,6 +601,6 @@ void Backend::Engine::close_peers() {
   closing_endpoints.clear();
 }
 
-void Backend::Engine::forget_transfer(TransferOp& op) { drop_own_key(static_cast<UcxTransferOp&>(op)); }
+void Backend::Engine::forget_transfer(UcxTransferOp& op) { drop_own_key(op); }
 
 }  // namespace corma::ucx

@@ -1,9 +1,9 @@
-// The UCX backend's engine: the provider half of a backend_kit::EngineCore.
+// The UCX backend's engine: the provider half of a backend_kit::TransferEngine.
 // Only the progress thread touches UCX handles; callers reach it through
 // the core's submit().
 #pragma once
 
-#include "backend_kit/engine_core.hpp"
+#include "backend_kit/transfer_engine.hpp"
 
 #include <corma/ucx.hpp>
 
@@ -37,7 +37,7 @@ struct UcxTransferOp : TransferOp {
   bool stranded = false;
 };
 
-struct Backend::Engine final : backend_kit::EngineCore {
+struct Backend::Engine final : backend_kit::TransferEngine<UcxTransferOp> {
   /// A packed key that passed validation and was unpacked for one peer.
   struct CachedKey {
     ucp_rkey_h rkey = nullptr;
@@ -74,12 +74,11 @@ struct Backend::Engine final : backend_kit::EngineCore {
   /// Creates the UCX context and worker; runs on the progress thread.
   Result<void> start();
 
-  // EngineCore hooks (progress thread).
+  // Engine hooks (progress thread).
   Result<Registration> provider_map(void* ptr, std::size_t len, Access access) override;
   Result<void> provider_unmap(void* handle) override;
-  std::shared_ptr<TransferOp> make_transfer_op() override { return std::make_shared<UcxTransferOp>(); }
-  void run_transfer(const std::shared_ptr<TransferOp>& op) override;
-  void on_transfer_deadline(TransferOp& op) override;
+  void run_transfer(const std::shared_ptr<UcxTransferOp>& op) override;
+  void on_transfer_deadline(UcxTransferOp& op) override;
   void run_import_key(const std::shared_ptr<ValueOp<RemoteKeyId>>& op) override;
   void run_release_key(const std::shared_ptr<VoidOp>& op, RemoteKeyId key) override;
   void run_peer_offer(const std::shared_ptr<ValueOp<PeerOffer>>& op) override;
@@ -87,7 +86,7 @@ struct Backend::Engine final : backend_kit::EngineCore {
   void run_peer_complete(const std::shared_ptr<ValueOp<void>>& op) override;
   void run_peer_close(const std::shared_ptr<VoidOp>& op, PeerId id) override;
   void close_peers() override;
-  void forget_transfer(TransferOp& op) override;
+  void forget_transfer(UcxTransferOp& op) override;
   void tear_down() override;
   std::size_t progress() override;
   bool arm_for_sleep() override;

@@ -48,7 +48,7 @@ constexpr int poll_batch = 32;
 }  // namespace
 
 Backend::Engine::Engine(const Config& c, std::shared_ptr<const IbvApi> table)
-    : EngineCore(settings_of(c)), config(c), api(std::move(table)) {}
+    : TransferEngine(settings_of(c)), config(c), api(std::move(table)) {}
 
 // ---- start / tear down ----
 
@@ -99,7 +99,7 @@ void Backend::Engine::tear_down() {
   channel = nullptr;
   pd = nullptr;
   device.context = nullptr;
-  torn_down = true;
+  mark_torn_down();
 }
 
 // ---- registration ----
@@ -203,7 +203,7 @@ Result<void> Backend::Engine::connect_qp(ibv_qp* qp, const wire::QpEndpoint& loc
 }
 
 Result<PeerId> Backend::Engine::add_peer(ibv_qp* qp, const wire::QpEndpoint& local) {
-  const PeerId id{next_id++};
+  const PeerId id{new_id()};
   Peer peer;
   peer.qp = qp;
   peer.local = local;
@@ -256,7 +256,7 @@ void Backend::Engine::run_import_key(const std::shared_ptr<ValueOp<RemoteKeyId>>
   if (auto peer = usable_peer(op->peer); !peer) return op->completion.dispatch(std::move(peer).error());
   auto key = wire::decode_key(op->blob);
   if (!key) return op->completion.dispatch(std::move(key).error());
-  const RemoteKeyId id{next_id++};
+  const RemoteKeyId id{new_id()};
   known->second.imported.emplace(id, key.value());
   op->completion.dispatch(id);
 }
@@ -348,8 +348,7 @@ Result<void> Backend::Engine::admit_remote(VerbsTransferOp& op) const {
   return success();
 }
 
-void Backend::Engine::run_transfer(const std::shared_ptr<TransferOp>& base) {
-  auto op = std::static_pointer_cast<VerbsTransferOp>(base);
+void Backend::Engine::run_transfer(const std::shared_ptr<VerbsTransferOp>& op) {
   if (op->cancelled.load(std::memory_order_acquire)) {
     return answer(*op, fail(errc::cancelled, "transfer cancelled before it ran"));
   }
@@ -361,8 +360,28 @@ void Backend::Engine::run_transfer(const std::shared_ptr<TransferOp>& base) {
   op->plan = ChunkPlan(op->request.len, max_message);
   track(op, *region.value());
   auto& peer = peers.at(op->request.peer);
+  // Posted at the turn's progress(), chained with the rest of this turn's
+  // transfers to the peer (a batch's elements go in as few posts as the
+  // queues allow).
   peer.backlog.push_back(op);
-  pump(peer);
+  schedule_pump(op->request.peer, peer);
+}
+
+void Backend::Engine::schedule_pump(PeerId id, Peer& peer) {
+  if (peer.pump_due) return;
+  peer.pump_due = true;
+  peers_to_pump.push_back(id);
+}
+
+void Backend::Engine::pump_pending() {
+  auto pending = std::move(peers_to_pump);
+  peers_to_pump.clear();
+  for (auto id : pending) {
+    auto peer = peers.find(id);
+    if (peer == peers.end()) continue;
+    peer->second.pump_due = false;
+    pump(peer->second);
+  }
 }
 
 void Backend::Engine::pump(Peer& peer) {
@@ -370,37 +389,53 @@ void Backend::Engine::pump(Peer& peer) {
     const std::uint32_t queue_room = config.send_queue_depth - peer.outstanding;
     const std::uint32_t cq_room = config.completion_queue_depth - outstanding_total;
     const std::uint32_t credits = std::min({queue_room, cq_room, max_chain});
-    if (credits == 0) return;  // completions will free room and pump again
-    auto op = peer.backlog.front();
-    post_chunks(peer, *op, credits);
-    if (op->posted == op->plan.count()) peer.backlog.pop_front();
+    if (credits == 0) {
+      // Completions free room: this peer's own, or (for a full completion
+      // queue) any peer's, which then pumps every waiting peer.
+      if (cq_room == 0) completion_queue_full = true;
+      return;
+    }
+    post_chain(peer, credits);
+    while (!peer.backlog.empty() && peer.backlog.front()->posted == peer.backlog.front()->plan.count()) {
+      peer.backlog.pop_front();
+    }
   }
 }
 
-void Backend::Engine::post_chunks(Peer& peer, VerbsTransferOp& op, std::uint32_t credits) {
+void Backend::Engine::post_chain(Peer& peer, std::uint32_t credits) {
   std::array<ibv_send_wr, max_chain> wrs{};
   std::array<ibv_sge, max_chain> sges{};
-  const auto n = static_cast<std::uint32_t>(std::min<std::uint64_t>(credits, op.plan.count() - op.posted));
-  for (std::uint32_t i = 0; i < n; ++i) {
-    const Chunk chunk = op.plan[op.posted + i];
-    sges[i] = ibv_sge{reinterpret_cast<std::uint64_t>(op.local + chunk.offset), chunk.len, op.lkey};
-    auto& wr = wrs[i];
-    wr.wr_id = op.id;
-    wr.sg_list = &sges[i];
-    wr.num_sge = chunk.len == 0 ? 0 : 1;
-    wr.opcode = op.is_put ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
-    wr.send_flags = IBV_SEND_SIGNALED;
-    wr.wr.rdma.remote_addr = op.request.remote_addr + chunk.offset;
-    wr.wr.rdma.rkey = op.rkey;
-    wr.next = i + 1 < n ? &wrs[i + 1] : nullptr;
+  std::array<VerbsTransferOp*, max_chain> owners{};
+  std::uint32_t n = 0;
+  // The backlog's unposted chunks in order, across transfers: only the last
+  // transfer in the chain may be cut short.
+  for (auto it = peer.backlog.begin(); it != peer.backlog.end() && n < credits; ++it) {
+    VerbsTransferOp& op = **it;
+    const auto take = static_cast<std::uint32_t>(std::min<std::uint64_t>(credits - n, op.plan.count() - op.posted));
+    for (std::uint32_t i = 0; i < take; ++i, ++n) {
+      const Chunk chunk = op.plan[op.posted + i];
+      sges[n] = ibv_sge{reinterpret_cast<std::uint64_t>(op.local + chunk.offset), chunk.len, op.lkey};
+      auto& wr = wrs[n];
+      wr.wr_id = op.id;
+      wr.sg_list = &sges[n];
+      wr.num_sge = chunk.len == 0 ? 0 : 1;
+      wr.opcode = op.is_put ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
+      wr.send_flags = IBV_SEND_SIGNALED;
+      wr.wr.rdma.remote_addr = op.request.remote_addr + chunk.offset;
+      wr.wr.rdma.rkey = op.rkey;
+      owners[n] = &op;
+    }
   }
+  for (std::uint32_t i = 0; i + 1 < n; ++i) wrs[i].next = &wrs[i + 1];
   ibv_send_wr* bad = nullptr;
   const int rc = api->post_send(peer.qp, wrs.data(), &bad);
   const std::uint32_t accepted = rc == 0 ? n : static_cast<std::uint32_t>(bad - wrs.data());
-  op.posted += accepted;
+  for (std::uint32_t i = 0; i < accepted; ++i) ++owners[i]->posted;
   peer.outstanding += accepted;
   outstanding_total += accepted;
-  if (rc != 0) abandon_unposted(op, call_failed(errc::backend, "ibv_post_send", rc));
+  // The transfer whose chunk was refused gives up the rest; those behind it
+  // in the chain posted nothing and stay in the backlog.
+  if (rc != 0) abandon_unposted(*owners[accepted], call_failed(errc::backend, "ibv_post_send", rc));
 }
 
 void Backend::Engine::abandon_unposted(VerbsTransferOp& op, const Error& why) {
@@ -420,13 +455,12 @@ void Backend::Engine::on_completion(const ibv_wc& wc) {
   Peer* peer = peer_id != peer_by_qp_num.end() ? &peers.at(peer_id->second) : nullptr;
   if (peer != nullptr) --peer->outstanding;
 
-  auto it = transfers.find(wc.wr_id);
-  if (it != transfers.end()) {
-    auto& op = static_cast<VerbsTransferOp&>(*it->second);
+  if (auto* found = find_transfer(wc.wr_id)) {
+    auto& op = *found;
     ++op.completed;
     if (wc.status == IBV_WC_WR_FLUSH_ERR) {
       if (!op.failure) {
-        op.failure = closing ? shut_down_error()
+        op.failure = closing() ? shut_down_error()
                              : Error{errc::peer_unreachable, "verbs: flushed: the queue pair is in the error state"};
       }
     } else if (wc.status != IBV_WC_SUCCESS && !op.failure) {
@@ -435,6 +469,12 @@ void Backend::Engine::on_completion(const ibv_wc& wc) {
     }
     finish_if_done(op);
   }
+  if (completion_queue_full) {
+    completion_queue_full = false;
+    for (auto& [id, waiting] : peers) {
+      if (!waiting.backlog.empty()) schedule_pump(id, waiting);
+    }
+  }
   if (peer == nullptr) return;
   // A failed completion puts an RC queue pair in the error state: the peer
   // is broken, the rest of its work flushes.
@@ -442,13 +482,14 @@ void Backend::Engine::on_completion(const ibv_wc& wc) {
     break_peer(*peer, Error{errc::peer_unreachable, "verbs: the queue pair entered the error state"});
   }
   if (peer->close_waiter && peer->outstanding == 0) return destroy_peer(peers.find(peer_id->second));
-  pump(*peer);
+  // Refilled once the polled batch is handled: the freed slots go in one chain.
+  if (!peer->backlog.empty()) schedule_pump(peer_id->second, *peer);
 }
 
 void Backend::Engine::finish_transfer(std::uint64_t id) {
-  auto base = untrack(id);
-  if (!base) return;
-  auto& op = static_cast<VerbsTransferOp&>(*base);
+  auto taken = untrack(id);
+  if (!taken) return;
+  auto& op = *taken;
   // The caller hears of its transfer before an unmap that waited for it.
   if (op.failure) {
     answer(op, *op.failure);
@@ -458,7 +499,7 @@ void Backend::Engine::finish_transfer(std::uint64_t id) {
   unpin(op.request.local);
 }
 
-void Backend::Engine::on_transfer_deadline(TransferOp& op) {
+void Backend::Engine::on_transfer_deadline(VerbsTransferOp& op) {
   auto peer = peers.find(op.request.peer);
   if (peer != peers.end()) {
     break_peer(peer->second, Error{errc::timeout, "verbs: a transfer to this peer passed its deadline"});
@@ -468,7 +509,14 @@ void Backend::Engine::on_transfer_deadline(TransferOp& op) {
 // ---- progress and events ----
 
 std::size_t Backend::Engine::progress() {
-  if (torn_down) return 0;
+  if (torn_down()) return 0;
+  pump_pending();  // this turn's new transfers
+  const std::size_t events = poll_completions();
+  pump_pending();  // the room their completions freed
+  return events;
+}
+
+std::size_t Backend::Engine::poll_completions() {
   std::array<ibv_wc, poll_batch> wcs{};
   std::size_t events = 0;
   for (;;) {
@@ -492,7 +540,7 @@ bool Backend::Engine::arm_for_sleep() {
     // `this`: the handler lives in our own io_context.
     cq_wake->async_wait(asio::posix::stream_descriptor::wait_read, [this](boost::system::error_code ec) {
       cq_wait_armed = false;
-      if (!ec && !torn_down) consume_cq_events();
+      if (!ec && !torn_down()) consume_cq_events();
     });
   }
   return true;
@@ -507,11 +555,11 @@ void Backend::Engine::consume_cq_events() {
 }
 
 void Backend::Engine::arm_async_watch() {
-  if (async_wait_armed || torn_down) return;
+  if (async_wait_armed || torn_down()) return;
   async_wait_armed = true;
   async_wake->async_wait(asio::posix::stream_descriptor::wait_read, [this](boost::system::error_code ec) {
     async_wait_armed = false;
-    if (ec || torn_down) return;
+    if (ec || torn_down()) return;
     drain_async_events();
     arm_async_watch();
   });

@@ -1,10 +1,10 @@
-// The verbs backend's engine: the provider half of a backend_kit::EngineCore.
+// The verbs backend's engine: the provider half of a backend_kit::TransferEngine.
 // It owns the device context, protection domain, completion channel and
 // queue, and one RC queue pair per peer; only the progress thread touches
 // them, always through the IbvApi table.
 #pragma once
 
-#include "backend_kit/engine_core.hpp"
+#include "backend_kit/transfer_engine.hpp"
 #include "chunk_plan.hpp"
 #include "device.hpp"
 #include "ibv_api.hpp"
@@ -19,6 +19,7 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <vector>
 
 namespace corma::verbs {
 
@@ -37,7 +38,7 @@ struct VerbsTransferOp : TransferOp {
   std::optional<Error> failure;
 };
 
-struct Backend::Engine final : backend_kit::EngineCore {
+struct Backend::Engine final : backend_kit::TransferEngine<VerbsTransferOp> {
   struct Peer {
     ibv_qp* qp = nullptr;
     wire::QpEndpoint local;  // what this side told the other
@@ -47,6 +48,7 @@ struct Backend::Engine final : backend_kit::EngineCore {
     /// Transfers with chunks not yet posted, in order: posted as completions
     /// free send-queue slots.
     std::deque<std::shared_ptr<VerbsTransferOp>> backlog;
+    bool pump_due = false;  // listed in peers_to_pump
     std::shared_ptr<VoidOp> close_waiter;  // peer_close waiting for the flush
     /// Keys imported for this peer, decoded once. A transfer copies what it
     /// needs at admission, so a release takes effect at once.
@@ -61,12 +63,11 @@ struct Backend::Engine final : backend_kit::EngineCore {
   /// Opens the device and creates the PD, channel and CQ (progress thread).
   Result<void> start();
 
-  // EngineCore hooks (progress thread).
+  // Engine hooks (progress thread).
   Result<Registration> provider_map(void* ptr, std::size_t len, Access access) override;
   Result<void> provider_unmap(void* handle) override;
-  std::shared_ptr<TransferOp> make_transfer_op() override { return std::make_shared<VerbsTransferOp>(); }
-  void run_transfer(const std::shared_ptr<TransferOp>& op) override;
-  void on_transfer_deadline(TransferOp& op) override;
+  void run_transfer(const std::shared_ptr<VerbsTransferOp>& op) override;
+  void on_transfer_deadline(VerbsTransferOp& op) override;
   void run_import_key(const std::shared_ptr<ValueOp<RemoteKeyId>>& op) override;
   void run_release_key(const std::shared_ptr<VoidOp>& op, RemoteKeyId key) override;
   void run_peer_offer(const std::shared_ptr<ValueOp<PeerOffer>>& op) override;
@@ -91,9 +92,16 @@ struct Backend::Engine final : backend_kit::EngineCore {
   Result<void> admit_remote(VerbsTransferOp& op) const;
   /// The peer a transfer or an import may use: known, connected, healthy.
   Result<const Peer*> usable_peer(PeerId id) const;
+  /// Lists the peer for pump_pending() (once).
+  void schedule_pump(PeerId id, Peer& peer);
+  /// Pumps the peers given transfers or freed room since the last call.
+  void pump_pending();
   /// Posts backlog chunks while the send and completion queues have room.
   void pump(Peer& peer);
-  void post_chunks(Peer& peer, VerbsTransferOp& op, std::uint32_t credits);
+  /// Posts up to `credits` backlog chunks, across transfers, in one call.
+  void post_chain(Peer& peer, std::uint32_t credits);
+  /// Polls the completion queue dry; the number of completions.
+  std::size_t poll_completions();
   void on_completion(const ibv_wc& wc);
   /// Gives up a transfer's unposted chunks; finishes it if nothing is posted.
   void abandon_unposted(VerbsTransferOp& op, const Error& why);
@@ -120,6 +128,8 @@ struct Backend::Engine final : backend_kit::EngineCore {
 
   std::map<PeerId, Peer> peers;
   std::map<std::uint32_t, PeerId> peer_by_qp_num;
+  std::vector<PeerId> peers_to_pump;  // given transfers or room: pumped in progress()
+  bool completion_queue_full = false;  // a peer waits for room in the shared CQ
   std::uint32_t outstanding_total = 0;  // across queue pairs: bounded by the CQ
   std::mt19937 psn_source{std::random_device{}()};
 };

@@ -5,6 +5,10 @@
 namespace corma::backend_kit {
 
 void CommandQueue::push(Command command) {
+  if (io_.get_executor().running_in_this_thread()) {
+    own_.push_back(std::move(command));  // the progress thread is awake: it is us
+    return;
+  }
   {
     std::lock_guard lock(mutex_);
     pending_.push_back(std::move(command));
@@ -16,19 +20,27 @@ void CommandQueue::push(Command command) {
   }
 }
 
-std::size_t CommandQueue::run_all() {
-  {
-    std::lock_guard lock(mutex_);
-    if (pending_.empty()) return 0;
-    running_.swap(pending_);
-  }
-  const std::size_t n = running_.size();
-  for (auto& command : running_) command();
-  running_.clear();
+std::size_t CommandQueue::run(std::vector<Command>& commands) {
+  const std::size_t n = commands.size();
+  for (auto& command : commands) command();
+  commands.clear();  // keeps its capacity for the next turn
   return n;
 }
 
+std::size_t CommandQueue::run_all() {
+  // Swapped out first: a command may push another, which waits for the next turn.
+  own_running_.swap(own_);
+  std::size_t n = run(own_running_);
+  {
+    std::lock_guard lock(mutex_);
+    if (pending_.empty()) return n;
+    running_.swap(pending_);
+  }
+  return n + run(running_);
+}
+
 bool CommandQueue::prepare_to_sleep() {
+  if (!own_.empty()) return false;
   sleeping_.store(true, std::memory_order_seq_cst);
   std::lock_guard lock(mutex_);
   if (pending_.empty()) return true;

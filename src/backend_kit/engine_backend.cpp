@@ -14,25 +14,25 @@ EngineBackend::~EngineBackend() { stop_progress_thread(core_, thread_); }
 asio::any_io_executor EngineBackend::progress_executor() const { return core_->io.get_executor(); }
 
 std::optional<std::size_t> EngineBackend::live_registrations() const {
-  return core_->live.load(std::memory_order_acquire);
+  return core_->live_registrations();
 }
-std::size_t EngineBackend::transfers_in_flight() const { return core_->in_flight.load(std::memory_order_acquire); }
+std::size_t EngineBackend::transfers_in_flight() const { return core_->transfers_in_flight(); }
 
 void EngineBackend::do_map(void* ptr, std::size_t len, Access access, Handler<BackendRegion> h) {
   initiate_map(*core_, ptr, len, access, std::move(h));
 }
 void EngineBackend::do_unmap(RegionId id, Handler<void> h) { initiate_unmap(*core_, id, std::move(h)); }
 void EngineBackend::do_get(GetRequest request, Handler<void> h) {
-  initiate_transfer(*core_, false, std::move(request), std::move(h));
+  core_->initiate_transfer(false, std::move(request), std::move(h));
 }
 void EngineBackend::do_put(PutRequest request, Handler<void> h) {
-  initiate_transfer(*core_, true, std::move(request), std::move(h));
+  core_->initiate_transfer(true, std::move(request), std::move(h));
 }
 void EngineBackend::do_get_batch(TransferBatch batch, Handler<BatchOutcome> h) {
-  initiate_batch(*core_, false, std::move(batch), std::move(h));
+  core_->initiate_batch(false, std::move(batch), std::move(h));
 }
 void EngineBackend::do_put_batch(TransferBatch batch, Handler<BatchOutcome> h) {
-  initiate_batch(*core_, true, std::move(batch), std::move(h));
+  core_->initiate_batch(true, std::move(batch), std::move(h));
 }
 void EngineBackend::do_import_key(PeerId peer, PackedKey packed_key, Handler<RemoteKeyId> h) {
   initiate_import_key(*core_, peer, std::move(packed_key), std::move(h));

@@ -64,7 +64,7 @@ void EngineCore::run_until_quit() {
       last_activity = now;
       continue;
     }
-    if (!torn_down) {
+    if (!torn_down_) {
       const bool spinning = settings.progress == ProgressMode::busy_poll ||
                             (settings.progress == ProgressMode::adaptive && now - last_activity < settings.spin_time);
       if (spinning) continue;
@@ -75,7 +75,7 @@ void EngineCore::run_until_quit() {
     // this handler, which only a nested poll() hands over: run it first.
     if (io.poll() != 0) continue;
     if (!commands_.prepare_to_sleep()) continue;
-    if (!torn_down && !arm_for_sleep()) {  // events arrived meanwhile
+    if (!torn_down_ && !arm_for_sleep()) {  // events arrived meanwhile
       commands_.awake();
       continue;
     }
@@ -88,31 +88,24 @@ void EngineCore::run_until_quit() {
 // ---- shutdown ----
 
 void EngineCore::run_shutdown(const std::shared_ptr<VoidOp>& op) {
-  if (torn_down) {
+  if (torn_down_) {
     if (op) answer(*op, success());
     return;
   }
-  closing = true;
+  closing_ = true;
   // Maps registered but not yet answered are undone.
   undo_delayed_maps();
   // Transfers in flight get until the deadline to finish.
-  progress_until([this] { return transfers.empty(); });
+  progress_until([this] { return transfers_idle(); });
   close_peers();
   // Whatever the provider did not complete is answered now; tearing the
   // provider down ends it.
-  for (auto& [id, transfer] : transfers) {
-    forget_transfer(*transfer);
-    answer(*transfer, shut_down_error());
-  }
-  in_flight.store(0, std::memory_order_release);
+  fail_unfinished_transfers();
   unmap_all();
   tear_down();
-  // Provider requests that still referenced transfer ops died with it.
-  transfers.clear();
+  drop_transfers();
   if (op) answer(*op, success());
 }
-
-void EngineCore::forget_transfer(TransferOp&) {}
 
 // ---- map / unmap ----
 
@@ -125,14 +118,14 @@ void EngineCore::run_map(const std::shared_ptr<MapOp>& op) {
   auto registered = provider_map(op->ptr, op->len, op->access);
   if (!registered) return answer(*op, std::move(registered).error());
   auto& reg = registered.value();
-  const RegionId id{next_id++};
-  regions.emplace(id, Region{reg.handle, static_cast<std::byte*>(op->ptr), op->len, 0, false, {}});
-  live.fetch_add(1, std::memory_order_acq_rel);
+  const RegionId id{new_id()};
+  regions_.emplace(id, Region{reg.handle, static_cast<std::byte*>(op->ptr), op->len, 0, false, {}});
+  live_.fetch_add(1, std::memory_order_acq_rel);
   op->mapped = id;
   op->result = BackendRegion{id, reg.effective_addr, reg.effective_len, std::move(reg.packed_key)};
   if (const std::chrono::nanoseconds delay{map_answer_delay_ns.load(std::memory_order_acquire)};
       delay.count() > 0) {
-    op->id = next_id++;
+    op->id = new_id();
     delayed_maps_.emplace(op->id, op);
     op->timer = std::make_unique<asio::steady_timer>(io, delay);
     // `this`: the handler lives in our own io_context, which the engine owns.
@@ -183,8 +176,8 @@ void EngineCore::undo_delayed_maps() {
 }
 
 void EngineCore::release_region(RegionId id) {
-  auto it = regions.find(id);
-  if (it == regions.end() || torn_down) return;
+  auto it = regions_.find(id);
+  if (it == regions_.end() || torn_down_) return;
   if (it->second.transfers > 0) {
     it->second.unmapping = true;
     return;
@@ -200,24 +193,24 @@ void EngineCore::unmap_now(RegionTable::iterator it) {
     for (auto& w : waiters) answer(*w, unmapped.error());
     return;
   }
-  regions.erase(it);
-  live.fetch_sub(1, std::memory_order_acq_rel);
+  regions_.erase(it);
+  live_.fetch_sub(1, std::memory_order_acq_rel);
   for (auto& w : waiters) answer(*w, success());
 }
 
 void EngineCore::unmap_all() {
-  for (auto it = regions.begin(); it != regions.end();) {
+  for (auto it = regions_.begin(); it != regions_.end();) {
     (void)provider_unmap(it->second.handle);  // the provider is going away either way
     for (auto& w : it->second.unmap_waiters) answer(*w, success());
-    it = regions.erase(it);
+    it = regions_.erase(it);
   }
-  live.store(0, std::memory_order_release);
+  live_.store(0, std::memory_order_release);
 }
 
 void EngineCore::run_unmap(const std::shared_ptr<VoidOp>& op, RegionId id) {
   if (closed()) return answer(*op, shut_down_error());
-  auto it = regions.find(id);
-  if (it == regions.end()) return answer(*op, success());  // idempotent
+  auto it = regions_.find(id);
+  if (it == regions_.end()) return answer(*op, success());  // idempotent
   it->second.unmap_waiters.push_back(op);
   if (it->second.transfers > 0) {
     it->second.unmapping = true;  // the last transfer out unmaps
@@ -243,62 +236,32 @@ Result<void> EngineCore::check_import(const PackedKey& key, std::size_t imported
 
 // ---- transfers ----
 
-void EngineCore::run_batch(const std::shared_ptr<BatchOp>& op) {
-  const bool cancelled = op->cancelled.load(std::memory_order_acquire);
-  for (auto& element : op->elements) {
-    if (cancelled) element->cancelled.store(true, std::memory_order_release);
-    run_transfer(element);
-  }
-}
-
-void EngineCore::cancel_batch(const std::shared_ptr<BatchOp>& op) {
-  for (auto& element : op->elements) cancel_transfer(element);
-}
-
 Result<EngineCore::Region*> EngineCore::admit_local(const TransferRequest& request) {
   if (closed()) return shut_down_error();
   if (request.len == 0) return fail(errc::out_of_range, "zero-length transfer");
-  auto region = regions.find(request.local);
-  if (region == regions.end() || region->second.unmapping) {
+  auto region = regions_.find(request.local);
+  if (region == regions_.end() || region->second.unmapping) {
     return fail(errc::region_not_found, "local region is not registered");
   }
   CORMA_TRY(validate_slice(request.local_offset, request.len, region->second.len));
   return &region->second;
 }
 
-void EngineCore::track(const std::shared_ptr<TransferOp>& op, Region& region) {
-  op->id = next_id++;
-  // The turn's clock, not a clock read per transfer: a deadline a turn
-  // early is harmless, a clock_gettime per small get is not.
-  op->deadline = turn_time_ + settings.operation_timeout;
+void EngineCore::note_transfer_started(Region& region) {
   ++region.transfers;
-  transfers.emplace(op->id, op);
-  in_flight.fetch_add(1, std::memory_order_acq_rel);
+  in_flight_.fetch_add(1, std::memory_order_acq_rel);
   arm_deadline_sweep();
 }
 
-std::shared_ptr<TransferOp> EngineCore::untrack(std::uint64_t id) {
-  auto it = transfers.find(id);
-  if (it == transfers.end()) return nullptr;
-  auto op = std::move(it->second);
-  transfers.erase(it);
-  in_flight.fetch_sub(1, std::memory_order_acq_rel);
-  return op;
-}
-
 void EngineCore::unpin(RegionId id) {
-  auto region = regions.find(id);
-  if (region != regions.end() && --region->second.transfers == 0 && region->second.unmapping) {
+  auto region = regions_.find(id);
+  if (region != regions_.end() && --region->second.transfers == 0 && region->second.unmapping) {
     unmap_now(region);
   }
 }
 
-void EngineCore::cancel_transfer(const std::shared_ptr<TransferOp>& op) {
-  if (op->id != 0 && transfers.count(op->id) != 0) answer(*op, fail(errc::cancelled, "transfer cancelled"));
-}
-
 void EngineCore::arm_deadline_sweep() {
-  if (sweep_armed_ || torn_down) return;
+  if (sweep_armed_ || torn_down_) return;
   if (!deadline_sweep_) deadline_sweep_.emplace(io);
   sweep_armed_ = true;
   // A quarter of the timeout: a deadline is noticed at most 25 % late.
@@ -310,25 +273,12 @@ void EngineCore::arm_deadline_sweep() {
   // strong reference would keep the engine alive forever if the loop ended first.
   deadline_sweep_->async_wait([this](boost::system::error_code ec) {
     sweep_armed_ = false;
-    if (!ec && !torn_down) sweep_deadlines();
+    if (!ec && !torn_down_ && answer_late_transfers(std::chrono::steady_clock::now())) arm_deadline_sweep();
   });
 }
 
 void EngineCore::stop_deadline_sweep() {
   if (deadline_sweep_) deadline_sweep_->cancel();
-}
-
-void EngineCore::sweep_deadlines() {
-  const auto now = std::chrono::steady_clock::now();
-  std::vector<std::shared_ptr<TransferOp>> late;
-  for (const auto& [id, op] : transfers) {
-    if (!op->answered && op->deadline <= now) late.push_back(op);
-  }
-  for (auto& op : late) {
-    answer(*op, fail(errc::timeout, "transfer passed its deadline; the peer is now treated as broken"));
-    on_transfer_deadline(*op);
-  }
-  if (!transfers.empty()) arm_deadline_sweep();
 }
 
 }  // namespace corma::backend_kit

@@ -27,71 +27,39 @@ void initiate_map(EngineCore& engine, void* ptr, std::size_t len, Access access,
   op->len = len;
   op->access = access;
   engine.watch_cancellation(op, detail::any_cancellation,
-                            [](EngineCore& e, const std::shared_ptr<MapOp>& o) { e.cancel_map(o); });
-  engine.submit([op](EngineCore& e) { e.run_map(op); }, refuse_with(op));
+                            [&engine](const std::shared_ptr<MapOp>& o) { engine.cancel_map(o); });
+  engine.submit([&engine, op] { engine.run_map(op); }, refuse_with(op));
 }
 
 void initiate_unmap(EngineCore& engine, RegionId id, RdmaBackend::Handler<void> h) {
   auto op = make_op<VoidOp>(std::move(h));
   // Cancelling an unmap abandons the notification; the unmap proceeds.
   engine.watch_cancellation(op, detail::terminal_only,
-                            [](EngineCore& e, const std::shared_ptr<VoidOp>& o) { e.cancel_unmap(o); });
-  engine.submit([op, id](EngineCore& e) { e.run_unmap(op, id); }, refuse_with(op));
-}
-
-void initiate_transfer(EngineCore& engine, bool is_put, TransferRequest request, RdmaBackend::Handler<void> h) {
-  auto op = engine.make_transfer_op();
-  op->completion = Completion<void(Result<void>)>(std::move(h));
-  op->is_put = is_put;
-  op->request = std::move(request);
-  // A cancelled transfer's bytes may still land.
-  engine.watch_cancellation(op, detail::terminal_only,
-                            [](EngineCore& e, const std::shared_ptr<TransferOp>& o) { e.cancel_transfer(o); });
-  engine.submit([op](EngineCore& e) { e.run_transfer(op); }, refuse_with(op));
-}
-
-void initiate_batch(EngineCore& engine, bool is_put, TransferBatch batch, RdmaBackend::Handler<BatchOutcome> h) {
-  auto op = std::make_shared<BatchOp>();
-  op->tally = std::make_shared<detail::BatchTally>(detail::BatchTally::BatchCompletion(std::move(h)), batch.size());
-  if (auto fits = validate_batch_size(batch.size()); !fits) return op->tally->refuse(std::move(fits).error());
-  if (batch.empty()) return op->tally->answer_empty();
-  op->elements.reserve(batch.size());
-  for (std::size_t i = 0; i < batch.size(); ++i) {
-    auto element = engine.make_transfer_op();
-    element->is_put = is_put;
-    element->request = std::move(batch[i]);
-    element->batch = op->tally;
-    element->batch_index = i;
-    op->elements.push_back(std::move(element));
-  }
-  // Like a single transfer's: the elements' bytes may still land.
-  engine.watch_cancellation(op, detail::terminal_only,
-                            [](EngineCore& e, const std::shared_ptr<BatchOp>& o) { e.cancel_batch(o); });
-  engine.submit([op](EngineCore& e) { e.run_batch(op); },
-                [op](Error e) { op->tally->refuse(std::move(e)); });
+                            [&engine](const std::shared_ptr<VoidOp>& o) { engine.cancel_unmap(o); });
+  engine.submit([&engine, op, id] { engine.run_unmap(op, id); }, refuse_with(op));
 }
 
 void initiate_import_key(EngineCore& engine, PeerId peer, PackedKey key, RdmaBackend::Handler<RemoteKeyId> h) {
   auto op = make_op<ValueOp<RemoteKeyId>>(std::move(h));
   op->peer = peer;
   op->blob = std::move(key);
-  engine.submit([op](EngineCore& e) { e.run_import_key(op); }, refuse_with(op));
+  engine.submit([&engine, op] { engine.run_import_key(op); }, refuse_with(op));
 }
 
 void initiate_release_key(EngineCore& engine, RemoteKeyId key, RdmaBackend::Handler<void> h) {
   auto op = make_op<VoidOp>(std::move(h));
-  engine.submit([op, key](EngineCore& e) { e.run_release_key(op, key); }, refuse_with(op));
+  engine.submit([&engine, op, key] { engine.run_release_key(op, key); }, refuse_with(op));
 }
 
 void initiate_peer_offer(EngineCore& engine, RdmaBackend::Handler<PeerOffer> h) {
   auto op = make_op<ValueOp<PeerOffer>>(std::move(h));
-  engine.submit([op](EngineCore& e) { e.run_peer_offer(op); }, refuse_with(op));
+  engine.submit([&engine, op] { engine.run_peer_offer(op); }, refuse_with(op));
 }
 
 void initiate_peer_accept(EngineCore& engine, std::vector<std::byte> offer, RdmaBackend::Handler<PeerAnswer> h) {
   auto op = make_op<ValueOp<PeerAnswer>>(std::move(h));
   op->blob = std::move(offer);
-  engine.submit([op](EngineCore& e) { e.run_peer_accept(op); }, refuse_with(op));
+  engine.submit([&engine, op] { engine.run_peer_accept(op); }, refuse_with(op));
 }
 
 void initiate_peer_complete(EngineCore& engine, PeerId peer, std::vector<std::byte> answer,
@@ -99,19 +67,19 @@ void initiate_peer_complete(EngineCore& engine, PeerId peer, std::vector<std::by
   auto op = make_op<ValueOp<void>>(std::move(h));
   op->blob = std::move(answer);
   op->peer = peer;
-  engine.submit([op](EngineCore& e) { e.run_peer_complete(op); }, refuse_with(op));
+  engine.submit([&engine, op] { engine.run_peer_complete(op); }, refuse_with(op));
 }
 
 void initiate_peer_close(EngineCore& engine, PeerId peer, RdmaBackend::Handler<void> h) {
   auto op = make_op<VoidOp>(std::move(h));
-  engine.submit([op, peer](EngineCore& e) { e.run_peer_close(op, peer); }, refuse_with(op));
+  engine.submit([&engine, op, peer] { engine.run_peer_close(op, peer); }, refuse_with(op));
 }
 
 void initiate_shutdown(EngineCore& engine, RdmaBackend::Handler<void> h) {
   auto op = make_op<VoidOp>(std::move(h));
   // Refuse new commands at once; those already queued run after this one
   // and are answered shutting_down.
-  engine.accepting.store(false, std::memory_order_release);
+  engine.stop_accepting();
   asio::post(engine.io, [engine = engine.shared_from_this(), op] { engine->run_shutdown(op); });
 }
 
@@ -134,7 +102,7 @@ Result<std::thread> start_progress_thread(const std::shared_ptr<EngineCore>& eng
 }
 
 void stop_progress_thread(const std::shared_ptr<EngineCore>& engine, std::thread& thread) {
-  engine->accepting.store(false, std::memory_order_release);
+  engine->stop_accepting();
   // Teardown runs on the progress thread, which owns every provider handle.
   asio::post(engine->io, [engine] {
     engine->run_shutdown({});

@@ -244,7 +244,7 @@ struct Fabric {
   std::optional<ibv_wc_status> fail_completion;
 
   // Counters of the current generation.
-  std::size_t posted = 0, overruns = 0, max_outstanding = 0, cq_overruns = 0, misuses = 0;
+  std::size_t posted = 0, post_calls = 0, overruns = 0, max_outstanding = 0, cq_overruns = 0, misuses = 0;
   std::string last_misuse;
   // Contexts that read a port or device event not yet acknowledged, by event
   // type, oldest first: such an acknowledgement names no object.
@@ -1065,6 +1065,7 @@ int sv_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
     if (bad_wr != nullptr) *bad_wr = wr;
     return EINVAL;
   }
+  if (wr != nullptr && check_work_request(*q, *wr) == 0 && is_current(f, *q)) ++f.post_calls;
   for (ibv_send_wr* w = wr; w != nullptr; w = w->next) {
     const int err = check_work_request(*q, *w);
     if (err != 0) {
@@ -1439,7 +1440,7 @@ void SoftVerbs::reset(const SoftVerbsConfig& config) {
     f.delay = {};
     f.fail_reg_mr = 0;
     f.fail_completion.reset();
-    f.posted = f.overruns = f.max_outstanding = f.cq_overruns = f.misuses = 0;
+    f.posted = f.post_calls = f.overruns = f.max_outstanding = f.cq_overruns = f.misuses = 0;
     f.last_misuse.clear();
     f.work_cv.notify_all();
   });
@@ -1512,6 +1513,7 @@ void SoftVerbs::set_work_delay(std::chrono::nanoseconds delay) {
 }
 
 std::size_t SoftVerbs::work_requests_posted() const { return read_field(&Fabric::posted); }
+std::size_t SoftVerbs::post_send_calls() const { return read_field(&Fabric::post_calls); }
 std::size_t SoftVerbs::max_outstanding() const { return read_field(&Fabric::max_outstanding); }
 std::size_t SoftVerbs::overruns() const { return read_field(&Fabric::overruns); }
 std::size_t SoftVerbs::cq_overruns() const { return read_field(&Fabric::cq_overruns); }

@@ -118,6 +118,8 @@ class SoftVerbs {
   // ---- Observations ------------------------------------------------------
   /// Work requests accepted by post_send since reset.
   [[nodiscard]] std::size_t work_requests_posted() const;
+  /// post_send calls that accepted at least one work request, since reset.
+  [[nodiscard]] std::size_t post_send_calls() const;
   /// The highest send-queue occupancy seen on any one QP. A slot is taken by
   /// post_send and freed, as on hardware, when the completion of that work
   /// request or of a later one on the same QP has been polled.

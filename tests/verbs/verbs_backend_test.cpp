@@ -86,8 +86,11 @@ class VerbsBackend : public ::testing::Test {
     [[nodiscard]] Result<void> get(std::uint64_t len) const { return VerbsBackend::get(*a, peer, local, remote, source, len); }
     /// The i-th `len`-byte slice, from source into sink, not yet awaited.
     [[nodiscard]] std::future<Result<void>> start_get(std::uint64_t i, std::uint64_t len) const {
-      GetRequest request{peer, local.id, i * len, address(source) + i * len, len, remote.packed_key};
-      return a->async_get(std::move(request), asio::use_future);
+      return a->async_get(slice(i, len), asio::use_future);
+    }
+    /// The request for the i-th `len`-byte slice.
+    [[nodiscard]] TransferRequest slice(std::uint64_t i, std::uint64_t len) const {
+      return TransferRequest{peer, local.id, i * len, address(source) + i * len, len, remote.packed_key};
     }
   };
 
@@ -103,6 +106,12 @@ class VerbsBackend : public ::testing::Test {
     return l;
   }
 
+  /// A link whose initiator has a send queue only `depth` deep.
+  Link shallow_link(std::uint32_t depth, std::size_t bytes, unsigned seed) {
+    Config shallow;
+    shallow.send_queue_depth = depth;
+    return link(bytes, seed, Access::remote_read, shallow);
+  }
   SoftVerbs& fabric = SoftVerbs::instance();
 };
 
@@ -253,9 +262,7 @@ TEST_F(VerbsBackend, TenTimesTheSendQueueDepthAllCompleteWithoutAnOverrun) {
   constexpr std::uint32_t depth = 8;
   constexpr std::size_t count = 10 * depth;
   constexpr std::size_t slice = 256;
-  Config shallow;
-  shallow.send_queue_depth = depth;
-  const auto l = link(count * slice, 5, Access::remote_read, shallow);
+  const auto l = shallow_link(depth, count * slice, 5);
 
   fabric.hold_work();  // everything is issued before anything completes
   std::vector<std::future<Result<void>>> gets;
@@ -271,6 +278,30 @@ TEST_F(VerbsBackend, TenTimesTheSendQueueDepthAllCompleteWithoutAnOverrun) {
   EXPECT_EQ(fabric.overruns(), 0u);
   EXPECT_LE(fabric.max_outstanding(), depth);
   EXPECT_EQ(fabric.work_requests_posted(), count);
+}
+
+TEST_F(VerbsBackend, ABatchIsPostedAsChainedWorkRequestsWithinTheSendQueueDepth) {
+  constexpr std::uint32_t depth = 8;
+  constexpr std::size_t count = 5 * depth;
+  constexpr std::size_t slice = 256;
+  const auto l = shallow_link(depth, count * slice, 9);
+  TransferBatch batch;
+  for (std::size_t i = 0; i < count; ++i) batch.push_back(l.slice(i, slice));
+
+  fabric.hold_work();  // nothing completes, so the first post shows the chain
+  const auto calls_before = fabric.post_send_calls();
+  const auto posted_before = fabric.work_requests_posted();
+  auto outcome = l.a->async_get_batch(std::move(batch), asio::use_future);
+  ASSERT_TRUE(fabric.wait_until([&] { return fabric.work_requests_executing_or_queued() == depth; }, 5s))
+      << "the batch should fill the send queue and keep the rest";
+  EXPECT_EQ(fabric.post_send_calls() - calls_before, 1u) << "a queue's worth of elements should go in one post";
+  fabric.release_work();
+  auto done = answered(std::move(outcome));
+  ASSERT_TRUE(done) << done.error().message();
+  EXPECT_TRUE(done.value().all_succeeded());
+  EXPECT_EQ(l.sink, l.source);
+  EXPECT_LE(fabric.max_outstanding(), depth);
+  EXPECT_EQ(fabric.work_requests_posted() - posted_before, count);
 }
 
 // ---- faults ----------------------------------------------------------------

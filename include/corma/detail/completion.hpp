@@ -14,7 +14,8 @@
 #include <boost/asio/prefer.hpp>
 #include <boost/asio/system_executor.hpp>
 
-#include <functional>
+#include <corma/detail/unique_function.hpp>
+
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -29,9 +30,9 @@ namespace asio = boost::asio;
 class RollbackUnlessDelivered {
  public:
   RollbackUnlessDelivered() = default;
-  explicit RollbackUnlessDelivered(std::function<void()> rollback) : rollback_(std::move(rollback)) {}
+  explicit RollbackUnlessDelivered(UniqueFunction rollback) : rollback_(std::move(rollback)) {}
   RollbackUnlessDelivered(RollbackUnlessDelivered&& other) noexcept
-      : rollback_(std::exchange(other.rollback_, nullptr)) {}
+      : rollback_(std::move(other.rollback_)) {}
   RollbackUnlessDelivered& operator=(RollbackUnlessDelivered&&) = delete;
   RollbackUnlessDelivered(const RollbackUnlessDelivered&) = delete;
   ~RollbackUnlessDelivered() {
@@ -40,7 +41,7 @@ class RollbackUnlessDelivered {
   void disarm() noexcept { rollback_ = nullptr; }
 
  private:
-  std::function<void()> rollback_;
+  UniqueFunction rollback_;
 };
 
 /// Which cancellation types an operation honours. Asio's `terminal` lets an
@@ -76,7 +77,7 @@ class BulkHandoff {
 
   /// Queues `deliver` for `work`'s executor, after whatever this scope
   /// already holds for it.
-  void add(asio::any_completion_executor work, asio::any_completion_handler<void()> deliver) {
+  void add(asio::any_completion_executor work, UniqueFunction deliver) {
     for (auto& group : groups_) {
       if (group.work == work) {
         group.delivers.push_back(std::move(deliver));
@@ -94,7 +95,7 @@ class BulkHandoff {
       groups_.clear();
       for (auto& group : groups) {
         asio::dispatch(group.work, [delivers = std::move(group.delivers)]() mutable {
-          for (auto& deliver : delivers) std::move(deliver)();
+          for (auto& deliver : delivers) deliver();
         });
       }
     }
@@ -103,7 +104,7 @@ class BulkHandoff {
  private:
   struct Group {
     asio::any_completion_executor work;  // keeps the caller's context busy until the delivery
-    std::vector<asio::any_completion_handler<void()>> delivers;
+    std::vector<UniqueFunction> delivers;
   };
   std::vector<Group> groups_;
   BulkHandoff* outer_;
@@ -184,7 +185,7 @@ class Completion<void(Args...)> {
 
   /// Like dispatch(), but `rollback` runs (on whatever thread destroys the
   /// undelivered handler) if the handler is destroyed without being invoked.
-  void dispatch_or_rollback(std::function<void()> rollback, Args... args) {
+  void dispatch_or_rollback(UniqueFunction rollback, Args... args) {
     hand_off<false>(RollbackUnlessDelivered{std::move(rollback)}, std::move(args)...);
   }
 

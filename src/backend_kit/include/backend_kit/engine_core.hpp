@@ -1,10 +1,11 @@
 // What every provider-backed engine (UCX, verbs) shares: the progress
 // thread's loop, the bounded command queue, cancellation hooks, the region
-// table with its unmap-waits-for-transfers rule, delayed map answers, the
-// transfer table and its deadline sweep. A provider derives from EngineCore
-// and supplies the hooks (map/unmap one region, post a transfer, progress,
-// arm for sleep, peers, shutdown). Everything but submit() and the
-// cancellation hook runs on the progress thread.
+// table with its unmap-waits-for-transfers rule, delayed map answers and the
+// deadline sweep's timer. Transfers, typed by the provider's own op, are
+// TransferEngine's (transfer_engine.hpp); a provider derives from that and
+// supplies the hooks (map/unmap one region, run a transfer, progress, arm
+// for sleep, peers, shutdown). Everything but submit(), the initiating
+// functions and the cancellation hook runs on the progress thread.
 #pragma once
 
 #include "backend_kit/command_queue.hpp"
@@ -60,30 +61,34 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
 
   // ---- any thread ----
 
-  /// Runs `command` on the progress thread, or answers `refuse` (on the
+  /// Runs `command()` on the progress thread, or answers `refuse` (on the
   /// calling thread) when the queue is full or the backend is shutting down.
+  /// The command may hold a plain reference to the engine: the engine owns
+  /// the queue and drains it before it goes.
   template <class Command, class Refuse>
   void submit(Command command, Refuse refuse);
 
   /// Installs a cancellation handler (on the caller's thread) that, for the
-  /// `honoured` types, flags the op and posts `on_cancel` to the progress
-  /// thread.
+  /// `honoured` types, flags the op and posts `on_cancel(op)` to the
+  /// progress thread, which runs it only while the engine is alive.
   template <class Op, class OnCancel>
   void watch_cancellation(const std::shared_ptr<Op>& op, asio::cancellation_type honoured, OnCancel on_cancel);
+
+  /// A get or put; a batch of them (TransferEngine implements both over the
+  /// provider's own transfer op).
+  virtual void initiate_transfer(bool is_put, TransferRequest request, RdmaBackend::Handler<void> h) = 0;
+  virtual void initiate_batch(bool is_put, TransferBatch batch, RdmaBackend::Handler<BatchOutcome> h) = 0;
+
+  /// Refuses new commands from now on.
+  void stop_accepting() noexcept { accepting_.store(false, std::memory_order_release); }
+  [[nodiscard]] std::size_t live_registrations() const noexcept { return live_.load(std::memory_order_acquire); }
+  [[nodiscard]] std::size_t transfers_in_flight() const noexcept { return in_flight_.load(std::memory_order_acquire); }
 
   // ---- provider hooks (progress thread) ----
 
   virtual Result<Registration> provider_map(void* ptr, std::size_t len, Access access) = 0;
   virtual Result<void> provider_unmap(void* handle) = 0;
-  /// A fresh op for a get or put; providers return their own subclass.
-  virtual std::shared_ptr<TransferOp> make_transfer_op() = 0;
-  virtual void run_transfer(const std::shared_ptr<TransferOp>& op) = 0;
-  /// The provider cannot stop a posted transfer: the caller is released, the
-  /// region stays pinned until the transfer really ends.
-  virtual void cancel_transfer(const std::shared_ptr<TransferOp>& op);
-  /// The transfer passed its deadline (already answered `timeout`).
-  virtual void on_transfer_deadline(TransferOp& op) = 0;
-  /// Checks and unpacks `op->blob` for `op->peer` (see check_import_room).
+  /// Checks and unpacks `op->blob` for `op->peer` (see check_import).
   virtual void run_import_key(const std::shared_ptr<ValueOp<RemoteKeyId>>& op) = 0;
   /// Idempotent; transfers already admitted keep what they use.
   virtual void run_release_key(const std::shared_ptr<VoidOp>& op, RemoteKeyId key) = 0;
@@ -94,8 +99,6 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   /// Shutdown, once transfers had their chance: flush or close every peer
   /// (bounded by the shutdown timeout), failing what is still in flight.
   virtual void close_peers() = 0;
-  /// Shutdown: a transfer the provider never finished is about to be answered.
-  virtual void forget_transfer(TransferOp& op);
   /// Destroys every provider handle; regions are already unmapped.
   virtual void tear_down() = 0;
   /// Drives the provider; the number of events handled (0: idle).
@@ -108,9 +111,13 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
 
   void loop();
   void quit();
-  [[nodiscard]] bool closed() const noexcept { return closing || torn_down; }
+  [[nodiscard]] bool closed() const noexcept { return closing_ || torn_down_; }
+  [[nodiscard]] bool closing() const noexcept { return closing_; }
+  [[nodiscard]] bool torn_down() const noexcept { return torn_down_; }
   [[nodiscard]] Error shut_down_error() const;
   [[nodiscard]] Error provider_error(errc code, const std::string& what) const;
+  /// A fresh id for a region, peer or imported key.
+  std::uint64_t new_id() noexcept { return next_id_++; }
 
   /// The shutdown order every provider backend follows (docs/backends.md):
   /// refuse, undo unanswered maps, wait for transfers, close peers, tear the
@@ -126,13 +133,6 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   void run_unmap(const std::shared_ptr<VoidOp>& op, RegionId id);
   void cancel_unmap(const std::shared_ptr<VoidOp>& op);
 
-  /// Runs each element of a batch as a single transfer (a cancelled batch's
-  /// elements answer `cancelled` before they run).
-  void run_batch(const std::shared_ptr<BatchOp>& op);
-  /// A terminal cancellation of a batch: every element still running is
-  /// answered `cancelled` (cancel_transfer), which answers the batch.
-  void cancel_batch(const std::shared_ptr<BatchOp>& op);
-
   /// What every import checks before the provider sees the key: open, the
   /// key's size, and room in the peer's table (`imported` keys already).
   Result<void> check_import(const PackedKey& key, std::size_t imported) const;
@@ -140,10 +140,6 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   /// The local half of admitting a transfer: open, non-empty, its region
   /// registered and not unmapping, its slice inside. Does not pin.
   Result<Region*> admit_local(const TransferRequest& request);
-  /// Records an admitted transfer (id, deadline, pinned region).
-  void track(const std::shared_ptr<TransferOp>& op, Region& region);
-  /// Removes a transfer from the table; null when unknown. Still pinned.
-  std::shared_ptr<TransferOp> untrack(std::uint64_t id);
   /// The transfer that pinned `id` is over: an unmap waiting for it runs.
   void unpin(RegionId id);
   /// Stops the deadline sweep (the provider is being torn down).
@@ -159,16 +155,35 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   // answered" window), and how many map results were handed over.
   std::atomic<std::int64_t> map_answer_delay_ns{0};
   std::atomic<std::size_t> maps_answered{0};
-  std::atomic<std::size_t> live{0};
-  std::atomic<std::size_t> in_flight{0};
-  std::atomic<std::size_t> queued{0};
-  std::atomic<bool> accepting{true};
 
-  bool closing = false;    // shutdown started: commands are answered shutting_down
-  bool torn_down = false;  // provider handles destroyed
-  std::uint64_t next_id = 1;
-  RegionTable regions;
-  std::map<std::uint64_t, std::shared_ptr<TransferOp>> transfers;
+ protected:
+  // ---- the transfer table's side (TransferEngine), progress thread ----
+
+  /// Whether every admitted transfer has finished.
+  [[nodiscard]] virtual bool transfers_idle() const = 0;
+  /// Shutdown: answers every transfer the provider never finished.
+  virtual void fail_unfinished_transfers() = 0;
+  /// Shutdown, after tear_down(): provider requests that referenced
+  /// transfer ops died with the provider; the ops go too.
+  virtual void drop_transfers() = 0;
+  /// Answers the transfers whose deadline is past `now`; whether any remain.
+  virtual bool answer_late_transfers(std::chrono::steady_clock::time_point now) = 0;
+
+  /// A transfer was admitted on `region` and handed to the provider: it
+  /// pins the region and is swept for its deadline.
+  void note_transfer_started(Region& region);
+  /// An admitted transfer left the table (it may still pin its region).
+  void note_transfer_left() noexcept { in_flight_.fetch_sub(1, std::memory_order_acq_rel); }
+  /// Shutdown answered every transfer.
+  void note_no_transfers() noexcept { in_flight_.store(0, std::memory_order_release); }
+  /// A deadline for a transfer admitted this turn. The turn's clock, not a
+  /// clock read per transfer: a deadline a turn early is harmless, a
+  /// clock_gettime per small get is not.
+  [[nodiscard]] std::chrono::steady_clock::time_point deadline_from_now() const noexcept {
+    return turn_time_ + settings.operation_timeout;
+  }
+  /// The provider's handles are gone (set by tear_down()).
+  void mark_torn_down() noexcept { torn_down_ = true; }
 
  private:
   void run_until_quit();
@@ -178,11 +193,18 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   void release_region(RegionId id);
   void unmap_now(RegionTable::iterator it);
   void arm_deadline_sweep();
-  void sweep_deadlines();
 
   asio::executor_work_guard<asio::io_context::executor_type> work_ = asio::make_work_guard(io);
   CommandQueue commands_{io};
+  std::atomic<std::size_t> live_{0};
+  std::atomic<std::size_t> in_flight_{0};
+  std::atomic<std::size_t> queued_{0};
+  std::atomic<bool> accepting_{true};
   bool quitting_ = false;
+  bool closing_ = false;    // shutdown started: commands are answered shutting_down
+  bool torn_down_ = false;  // provider handles destroyed
+  std::uint64_t next_id_ = 1;
+  RegionTable regions_;
   /// When the current progress turn began (read once per turn).
   std::chrono::steady_clock::time_point turn_time_ = std::chrono::steady_clock::now();
   std::map<std::uint64_t, std::shared_ptr<MapOp>> delayed_maps_;
@@ -198,17 +220,16 @@ void EngineCore::progress_until(Done done) {
 
 template <class Command, class Refuse>
 void EngineCore::submit(Command command, Refuse refuse) {
-  if (!accepting.load(std::memory_order_acquire)) {
+  if (!accepting_.load(std::memory_order_acquire)) {
     return refuse(Error{errc::shutting_down, settings.name + " backend is shut down"});
   }
-  if (queued.fetch_add(1, std::memory_order_acq_rel) >= settings.command_queue_capacity) {
-    queued.fetch_sub(1, std::memory_order_acq_rel);
+  if (queued_.fetch_add(1, std::memory_order_acq_rel) >= settings.command_queue_capacity) {
+    queued_.fetch_sub(1, std::memory_order_acq_rel);
     return refuse(Error{errc::backend, settings.name + " backend command queue full"});
   }
-  // `this`: the queue belongs to the engine and is drained before it goes.
   commands_.push([this, command = std::move(command)]() mutable {
-    queued.fetch_sub(1, std::memory_order_acq_rel);
-    command(*this);
+    queued_.fetch_sub(1, std::memory_order_acq_rel);
+    command();
   });
 }
 
@@ -224,7 +245,7 @@ void EngineCore::watch_cancellation(const std::shared_ptr<Op>& op, asio::cancell
       // Weak inside the queue too: a message posted after the loop ended must
       // not keep the engine (which owns the queue) alive.
       asio::post(engine->io, [weak_engine, target, on_cancel] {
-        if (auto alive = weak_engine.lock()) on_cancel(*alive, target);
+        if (auto alive = weak_engine.lock()) on_cancel(target);
       });
     }
   });

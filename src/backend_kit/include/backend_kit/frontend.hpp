@@ -1,5 +1,6 @@
 // The caller's side of a provider-backed backend: each RdmaBackend::do_*
-// builds its op, hooks cancellation and submits it to the engine; creation
+// builds its op, hooks cancellation and submits it to the engine (gets,
+// puts and batches: TransferEngine's initiate_*, over the provider's op); creation
 // starts the progress thread, destruction tears down on it. UCX and verbs
 // backends forward to these, so the rules live in one place.
 #pragma once
@@ -17,8 +18,6 @@ using detail::Completion;
 void initiate_map(EngineCore& engine, void* ptr, std::size_t len, Access access,
                   RdmaBackend::Handler<BackendRegion> h);
 void initiate_unmap(EngineCore& engine, RegionId id, RdmaBackend::Handler<void> h);
-void initiate_transfer(EngineCore& engine, bool is_put, TransferRequest request, RdmaBackend::Handler<void> h);
-void initiate_batch(EngineCore& engine, bool is_put, TransferBatch batch, RdmaBackend::Handler<BatchOutcome> h);
 void initiate_import_key(EngineCore& engine, PeerId peer, PackedKey key, RdmaBackend::Handler<RemoteKeyId> h);
 void initiate_release_key(EngineCore& engine, RemoteKeyId key, RdmaBackend::Handler<void> h);
 void initiate_peer_offer(EngineCore& engine, RdmaBackend::Handler<PeerOffer> h);

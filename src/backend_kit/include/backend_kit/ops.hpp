@@ -42,8 +42,9 @@ struct VoidOp {
 };
 
 /// A get or put. Providers derive from it to keep their own per-transfer
-/// state (EngineCore::make_transfer_op). An element of a batch reports to
-/// its batch's tally instead of its own completion (which stays empty).
+/// state and run their engine over that type (TransferEngine<Op>). An
+/// element of a batch reports to its batch's tally instead of its own
+/// completion (which stays empty).
 struct TransferOp : VoidOp {
   bool is_put = false;
   TransferRequest request;
@@ -51,14 +52,18 @@ struct TransferOp : VoidOp {
   std::chrono::steady_clock::time_point deadline;
   std::shared_ptr<detail::BatchTally> batch;
   std::size_t batch_index = 0;
-  virtual ~TransferOp() = default;
 };
 
-/// A batch of gets or puts on its way to the progress thread: each element
-/// is a transfer op of its own, reporting to the one tally.
+/// A batch of gets or puts: each element is a transfer op of its own,
+/// reporting to the one tally. The elements keep their batch alive (their
+/// `batch` shares its ownership), not the reverse: a cancellation reaches
+/// the elements still running, however long after the batch was submitted.
+template <class Op>
 struct BatchOp {
-  std::shared_ptr<detail::BatchTally> tally;
-  std::vector<std::shared_ptr<TransferOp>> elements;
+  BatchOp(detail::BatchTally::BatchCompletion completion, std::size_t size) : tally(std::move(completion), size) {}
+
+  detail::BatchTally tally;
+  std::vector<std::weak_ptr<Op>> elements;
   std::atomic<bool> cancelled{false};
 };
 
@@ -67,7 +72,10 @@ template <class Op>
 const auto& caller_completion(const Op& op) {
   return op.completion;
 }
-inline const auto& caller_completion(const BatchOp& op) { return op.tally->completion(); }
+template <class Op>
+const auto& caller_completion(const BatchOp<Op>& op) {
+  return op.tally.completion();
+}
 
 template <class T>
 struct ValueOp {

@@ -1,0 +1,143 @@
+// The transfer half of a provider-backed engine, over the provider's own
+// transfer op type: the provider's hooks receive its ops as they are (no
+// downcasts), ops come from the recycling allocator (a progress thread or a
+// caller's io_context thread reuses the memory of the last op it freed), and
+// admitted transfers live in a flat slot table. Gets, puts and batches are
+// initiated here for every provider, so their rules live in one place.
+#pragma once
+
+#include "backend_kit/engine_core.hpp"
+#include "backend_kit/transfer_table.hpp"
+
+#include <boost/asio/recycling_allocator.hpp>
+
+#include <type_traits>
+#include <vector>
+
+namespace corma::backend_kit {
+
+template <class Op>
+class TransferEngine : public EngineCore {
+  static_assert(std::is_base_of_v<TransferOp, Op>, "a provider's transfer op derives from TransferOp");
+
+ public:
+  using EngineCore::EngineCore;
+
+  // ---- any thread ----
+
+  void initiate_transfer(bool is_put, TransferRequest request, RdmaBackend::Handler<void> h) final {
+    auto op = make_op();
+    op->completion = Completion<void(Result<void>)>(std::move(h));
+    op->is_put = is_put;
+    op->request = std::move(request);
+    // A cancelled transfer's bytes may still land.
+    watch_cancellation(op, detail::terminal_only, [this](const std::shared_ptr<Op>& o) { cancel_transfer(o); });
+    submit([this, op] { run_transfer(op); }, [op](Error e) { op->completion.post(std::move(e)); });
+  }
+
+  void initiate_batch(bool is_put, TransferBatch batch, RdmaBackend::Handler<BatchOutcome> h) final {
+    auto op = std::allocate_shared<BatchOp<Op>>(asio::recycling_allocator<BatchOp<Op>>(),
+                                                detail::BatchTally::BatchCompletion(std::move(h)), batch.size());
+    if (auto fits = validate_batch_size(batch.size()); !fits) return op->tally.refuse(std::move(fits).error());
+    if (batch.empty()) return op->tally.answer_empty();
+    std::vector<std::shared_ptr<Op>> elements;
+    elements.reserve(batch.size());
+    op->elements.reserve(batch.size());
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+      auto element = make_op();
+      element->is_put = is_put;
+      element->request = std::move(batch[i]);
+      element->batch = std::shared_ptr<detail::BatchTally>(op, &op->tally);
+      element->batch_index = i;
+      op->elements.push_back(element);
+      elements.push_back(std::move(element));
+    }
+    // Like a single transfer's: the elements' bytes may still land.
+    watch_cancellation(op, detail::terminal_only, [this](const std::shared_ptr<BatchOp<Op>>& o) {
+      for (auto& element : o->elements) {
+        if (auto running = element.lock()) cancel_transfer(running);
+      }
+    });
+    submit([this, op, elements = std::move(elements)] { run_batch(*op, elements); },
+           [op](Error e) { op->tally.refuse(std::move(e)); });
+  }
+
+ protected:
+  // ---- provider hooks (progress thread) ----
+
+  /// Admits and posts the transfer, or answers it.
+  virtual void run_transfer(const std::shared_ptr<Op>& op) = 0;
+  /// The provider cannot stop a posted transfer: the caller is released, the
+  /// region stays pinned until the transfer really ends.
+  virtual void cancel_transfer(const std::shared_ptr<Op>& op) {
+    if (op->id != 0 && transfers_.find(op->id) != nullptr) answer(*op, fail(errc::cancelled, "transfer cancelled"));
+  }
+  /// The transfer passed its deadline (already answered `timeout`).
+  virtual void on_transfer_deadline(Op& op) = 0;
+  /// Shutdown: a transfer the provider never finished is about to be answered.
+  virtual void forget_transfer(Op& /*op*/) {}
+
+  // ---- the table (progress thread) ----
+
+  /// Records an admitted transfer (id, deadline, pinned region).
+  void track(const std::shared_ptr<Op>& op, Region& region) {
+    op->id = transfers_.insert(op);
+    op->deadline = deadline_from_now();
+    note_transfer_started(region);
+  }
+  /// Removes a transfer from the table; null when unknown. Still pinned.
+  std::shared_ptr<Op> untrack(std::uint64_t id) {
+    auto op = transfers_.take(id);
+    if (op) note_transfer_left();
+    return op;
+  }
+  [[nodiscard]] Op* find_transfer(std::uint64_t id) const { return transfers_.find(id); }
+  [[nodiscard]] std::shared_ptr<Op> share_transfer(std::uint64_t id) const { return transfers_.share(id); }
+  [[nodiscard]] bool has_transfers() const noexcept { return !transfers_.empty(); }
+  /// The ids of the transfers `pred(op)` holds for.
+  template <class Pred>
+  [[nodiscard]] std::vector<std::uint64_t> transfers_where(Pred&& pred) const {
+    return transfers_.ids_where(std::forward<Pred>(pred));
+  }
+
+ private:
+  static std::shared_ptr<Op> make_op() { return std::allocate_shared<Op>(asio::recycling_allocator<Op>()); }
+
+  /// Runs each element as a single transfer (a cancelled batch's elements
+  /// answer `cancelled` before they run).
+  void run_batch(const BatchOp<Op>& op, const std::vector<std::shared_ptr<Op>>& elements) {
+    const bool cancelled = op.cancelled.load(std::memory_order_acquire);
+    for (const auto& element : elements) {
+      if (cancelled) element->cancelled.store(true, std::memory_order_release);
+      run_transfer(element);
+    }
+  }
+
+  [[nodiscard]] bool transfers_idle() const final { return transfers_.empty(); }
+
+  void fail_unfinished_transfers() final {
+    transfers_.for_each([this](std::uint64_t, const std::shared_ptr<Op>& op) {
+      forget_transfer(*op);
+      answer(*op, shut_down_error());
+    });
+    note_no_transfers();
+  }
+
+  void drop_transfers() final { transfers_.clear(); }
+
+  bool answer_late_transfers(std::chrono::steady_clock::time_point now) final {
+    std::vector<std::shared_ptr<Op>> late;
+    transfers_.for_each([&](std::uint64_t, const std::shared_ptr<Op>& op) {
+      if (!op->answered && op->deadline <= now) late.push_back(op);
+    });
+    for (auto& op : late) {
+      answer(*op, fail(errc::timeout, "transfer passed its deadline; the peer is now treated as broken"));
+      on_transfer_deadline(*op);
+    }
+    return !transfers_.empty();
+  }
+
+  TransferTable<Op> transfers_;
+};
+
+}  // namespace corma::backend_kit
