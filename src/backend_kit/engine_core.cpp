@@ -59,14 +59,14 @@ void EngineCore::run_until_quit() {
       turns_since_poll = 0;
     }
     if (quitting_) break;
-    const auto now = clock::now();
+    // The turn's clock serves the spin decision too: one clock read per turn.
     if (commands != 0 || progressed != 0 || handlers != 0) {
-      last_activity = now;
+      last_activity = turn_time_;
       continue;
     }
     if (!torn_down_) {
       const bool spinning = settings.progress == ProgressMode::busy_poll ||
-                            (settings.progress == ProgressMode::adaptive && now - last_activity < settings.spin_time);
+                            (settings.progress == ProgressMode::adaptive && turn_time_ - last_activity < settings.spin_time);
       if (spinning) continue;
     }
     bulk.flush();  // before sleeping: nobody waits on this thread's sleep
