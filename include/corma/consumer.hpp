@@ -3,6 +3,7 @@
 // chunks when it cannot.
 #pragma once
 
+#include <corma/detail/as_operation.hpp>
 #include <corma/error.hpp>
 #include <corma/owned_buffer.hpp>
 #include <corma/region_guard.hpp>
@@ -12,6 +13,7 @@
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/use_awaitable.hpp>
 
 #include <chrono>
 #include <cstdint>
@@ -55,12 +57,25 @@ struct ConsumerStats {
 /// from several coroutines; they take turns on the connection (an RDMA
 /// transfer holds its turn, so use several consumers for parallel transfers).
 /// Runs on one executor, like Owner.
+///
+/// Its operations are Asio initiating functions: any completion token
+/// (callbacks, `deferred`, `use_future`...), `use_awaitable` by default, so
+/// `co_await consumer->async_fetch(name)` reads as a plain call. Each runs as
+/// a coroutine of its own on the consumer's executor; the token's
+/// cancellation slot reaches it (see async_fetch), and the handler runs on
+/// its associated executor.
 class Consumer {
  public:
-  /// Connects and says hello; with a registry, offers RDMA through its backend.
-  static boost::asio::awaitable<Result<std::unique_ptr<Consumer>>> connect(
-      boost::asio::any_io_executor executor, boost::asio::ip::tcp::endpoint owner,
-      std::shared_ptr<Registry> registry, ConsumerConfig config = {});
+  using DefaultToken = boost::asio::use_awaitable_t<>;
+
+  /// Connects and says hello; with a registry, offers RDMA through its
+  /// backend. Completes with Result<std::unique_ptr<Consumer>>.
+  template <class Token = DefaultToken>
+  static auto connect(boost::asio::any_io_executor executor, boost::asio::ip::tcp::endpoint owner,
+                      std::shared_ptr<Registry> registry, ConsumerConfig config = {}, Token&& token = {}) {
+    return detail::as_operation(executor, connect_and_greet(executor, owner, std::move(registry), std::move(config)),
+                                std::forward<Token>(token));
+  }
 
   Consumer(const Consumer&) = delete;
   Consumer& operator=(const Consumer&) = delete;
@@ -74,7 +89,11 @@ class Consumer {
   /// cancelled fetch answers `cancelled` at its next safe point, never
   /// mid-request, so the fetches queued behind it keep the connection
   /// (docs/protocol.md, "Cancelling a fetch").
-  boost::asio::awaitable<Result<Fetched>> async_fetch(std::string name);
+  /// Completes with Result<Fetched>.
+  template <class Token = DefaultToken>
+  auto async_fetch(std::string name, Token&& token = {}) {
+    return detail::as_operation(executor(), fetch_coroutine(std::move(name)), std::forward<Token>(token));
+  }
 
   /// Fetches `name` into `destination`: a region of the consumer's registry
   /// (Access::local is enough) that the caller keeps registered across
@@ -84,8 +103,13 @@ class Consumer {
   /// When the owner is lost during an RDMA transfer, the fetch is answered
   /// `peer_unreachable` at once, while a transfer its backend cannot end
   /// keeps the region registered (an unmap waits for it): the memory may be
-  /// reused once the region's deregistered() resolves.
-  boost::asio::awaitable<Result<FetchOutcome>> async_fetch_into(std::string name, RegionGuard& destination);
+  /// reused once the region's deregistered() resolves. `destination` must
+  /// outlive the operation. Completes with Result<FetchOutcome>.
+  template <class Token = DefaultToken>
+  auto async_fetch_into(std::string name, RegionGuard& destination, Token&& token = {}) {
+    return detail::as_operation(executor(), fetch_into_coroutine(std::move(name), destination),
+                                std::forward<Token>(token));
+  }
 
   /// Whether the owner accepted this consumer's RDMA offer.
   [[nodiscard]] bool rdma_ready() const noexcept;
@@ -95,6 +119,15 @@ class Consumer {
 
  private:
   explicit Consumer(std::shared_ptr<State> state);
+
+  static boost::asio::awaitable<Result<std::unique_ptr<Consumer>>> connect_and_greet(
+      boost::asio::any_io_executor executor, boost::asio::ip::tcp::endpoint owner, std::shared_ptr<Registry> registry,
+      ConsumerConfig config);
+  [[nodiscard]] boost::asio::any_io_executor executor() const;
+  [[nodiscard]] boost::asio::awaitable<Result<Fetched>> fetch_coroutine(std::string name);
+  [[nodiscard]] boost::asio::awaitable<Result<FetchOutcome>> fetch_into_coroutine(std::string name,
+                                                                                   RegionGuard& destination);
+
   std::shared_ptr<State> state_;
 };
 

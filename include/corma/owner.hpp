@@ -2,6 +2,7 @@
 // and lends them out, over RDMA when it can and in chunks when it cannot.
 #pragma once
 
+#include <corma/detail/as_operation.hpp>
 #include <corma/error.hpp>
 #include <corma/registry.hpp>
 #include <corma/rendezvous.hpp>
@@ -9,6 +10,7 @@
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/use_awaitable.hpp>
 
 #include <chrono>
 #include <cstdint>
@@ -94,8 +96,14 @@ class Owner {
   void publish(std::string name, PublishedObject object);
   void set_resolver(ObjectResolver resolver);
 
-  /// Accepts and serves connections until stop(); each connection is its own coroutine.
-  boost::asio::awaitable<void> serve(boost::asio::ip::tcp::acceptor& acceptor);
+  /// Accepts and serves connections until stop(), the acceptor closes or
+  /// the operation is cancelled; each connection is a coroutine of its own.
+  /// An initiating function for any completion token (`use_awaitable` by
+  /// default), completing with no arguments; `acceptor` must outlive it.
+  template <class Token = boost::asio::use_awaitable_t<>>
+  auto serve(boost::asio::ip::tcp::acceptor& acceptor, Token&& token = {}) {
+    return detail::as_operation(executor(), accept_loop(acceptor), std::forward<Token>(token));
+  }
 
   /// Drains: new acquires are answered `chunked` (draining), connections are
   /// closed, leases dropped. The registrations they used, and their bytes,
@@ -111,6 +119,9 @@ class Owner {
   struct State;
 
  private:
+  [[nodiscard]] boost::asio::any_io_executor executor() const;
+  [[nodiscard]] boost::asio::awaitable<void> accept_loop(boost::asio::ip::tcp::acceptor& acceptor);
+
   std::shared_ptr<State> state_;
 };
 

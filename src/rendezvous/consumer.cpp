@@ -35,27 +35,10 @@ Error from_reply(const ErrorReply& reply) {
   return Error{std::error_code(reply.code, error_category()), "owner: " + reply.detail};
 }
 
-/// `work` as a coroutine of its own that reports cancellation through its
-/// cancellation state instead of throwing at its next co_await. (The
-/// optional only makes the result default-constructible for co_spawn.)
-template <class T>
-asio::awaitable<std::optional<T>> without_throwing(asio::awaitable<T> work) {
-  co_await asio::this_coro::throw_if_cancelled(false);
-  co_return co_await std::move(work);
-}
-
-/// Runs `work` on its own coroutine thread, which the caller's cancellation
-/// reaches; `work` decides where it is safe to stop.
-template <class T>
-asio::awaitable<T> on_own_thread(asio::any_io_executor executor, asio::awaitable<T> work) {
-  auto done = co_await asio::co_spawn(executor, without_throwing(std::move(work)), asio::use_awaitable);
-  co_return std::move(*done);
-}
-
 /// Runs `work` to its end, deaf to the caller's cancellation.
 template <class T>
 asio::awaitable<T> to_its_end(asio::any_io_executor executor, asio::awaitable<T> work) {
-  auto done = co_await asio::co_spawn(executor, without_throwing(std::move(work)),
+  auto done = co_await asio::co_spawn(executor, detail::without_throwing(std::move(work)),
                                       asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable));
   co_return std::move(*done);
 }
@@ -354,10 +337,10 @@ struct Consumer::State {
   }
 };
 
-asio::awaitable<Result<std::unique_ptr<Consumer>>> Consumer::connect(asio::any_io_executor executor,
-                                                                     asio::ip::tcp::endpoint owner,
-                                                                     std::shared_ptr<Registry> registry,
-                                                                     ConsumerConfig config) {
+asio::awaitable<Result<std::unique_ptr<Consumer>>> Consumer::connect_and_greet(asio::any_io_executor executor,
+                                                                               asio::ip::tcp::endpoint owner,
+                                                                               std::shared_ptr<Registry> registry,
+                                                                               ConsumerConfig config) {
   auto state = std::make_shared<State>(executor, std::move(registry), config);
   asio::ip::tcp::socket socket(executor);
   asio::steady_timer timer(executor, config.io_timeout);
@@ -435,16 +418,18 @@ GiveBack::~GiveBack() { s.turn.try_send(boost::system::error_code{}); }
 
 }  // namespace
 
-/// A fetch runs on a coroutine thread of its own (see on_own_thread): a
-/// cancelled fetch is answered `cancelled` once it reached a safe point,
-/// never by an exception thrown out of the middle of a request.
-asio::awaitable<Result<Fetched>> Consumer::async_fetch(std::string name) {
-  co_return co_await on_own_thread(state_->executor, fetch_new(state_, std::move(name)));
+// A fetch runs on a coroutine thread of its own (detail::as_operation): a
+// cancelled fetch is answered `cancelled` once it reached a safe point,
+// never by an exception thrown out of the middle of a request.
+asio::awaitable<Result<Fetched>> Consumer::fetch_coroutine(std::string name) {
+  return fetch_new(state_, std::move(name));
 }
 
-asio::awaitable<Result<FetchOutcome>> Consumer::async_fetch_into(std::string name, RegionGuard& destination) {
-  co_return co_await on_own_thread(state_->executor, fetch_into(state_, std::move(name), destination));
+asio::awaitable<Result<FetchOutcome>> Consumer::fetch_into_coroutine(std::string name, RegionGuard& destination) {
+  return fetch_into(state_, std::move(name), destination);
 }
+
+asio::any_io_executor Consumer::executor() const { return state_->executor; }
 
 bool Consumer::rdma_ready() const noexcept { return state_->peer.has_value(); }
 ConsumerStats Consumer::stats() const { return state_->stats; }

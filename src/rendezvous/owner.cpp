@@ -409,7 +409,9 @@ void Owner::publish(std::string name, PublishedObject object) {
 
 void Owner::set_resolver(ObjectResolver resolver) { state_->resolver = std::move(resolver); }
 
-asio::awaitable<void> Owner::serve(asio::ip::tcp::acceptor& acceptor) {
+asio::any_io_executor Owner::executor() const { return state_->executor; }
+
+asio::awaitable<void> Owner::accept_loop(asio::ip::tcp::acceptor& acceptor) {
   auto state = state_;
   while (!state->draining) {
     auto [ec, socket] = co_await acceptor.async_accept(asio::as_tuple(asio::use_awaitable));
