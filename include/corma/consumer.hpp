@@ -28,6 +28,9 @@ struct ConsumerConfig {
   std::chrono::milliseconds io_timeout{10000};
   /// Offer RDMA to the owner when a registry (and so a backend) is given.
   bool use_rdma = true;
+  /// Chunked reads keep this many pulls on the wire at once (at least 1),
+  /// so the owner's reads, the network and the copies here overlap.
+  std::uint32_t pull_window = 8;
   /// Called on the consumer's executor as bytes arrive (after each chunk,
   /// and once when an RDMA transfer completes).
   std::function<void(std::uint64_t done, std::uint64_t total)> on_progress;

@@ -3,6 +3,8 @@
 
 #include "transport_options.hpp"
 
+#include <corma/consumer.hpp>
+
 #include <cstdint>
 #include <string>
 
@@ -27,6 +29,7 @@ struct GetOptions {
   std::string output;
   std::string budget = "4G";
   bool no_rdma = false;
+  std::uint32_t pull_window = ConsumerConfig{}.pull_window;
   TransportOptions transport;
 };
 

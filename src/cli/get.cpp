@@ -63,6 +63,7 @@ int run_get(const GetOptions& options) {
 
   asio::io_context io(1);
   ConsumerConfig config;
+  config.pull_window = options.pull_window;
   const bool terminal = ::isatty(STDOUT_FILENO) != 0;
   constexpr std::uint64_t progress_from = 16 << 20;
   if (terminal) {

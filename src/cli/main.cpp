@@ -47,6 +47,9 @@ int main(int argc, char** argv) {
   get_cmd->add_flag("--trusted-peers", get.transport.trusted_peers,
                     "allow RDMA over tcp (same RISK as for serve: the server could read this process's memory)");
   get_cmd->add_flag("--no-rdma", get.no_rdma, "use the chunked path only");
+  get_cmd->add_option("--pull-window", get.pull_window, "chunked path: pulls kept on the wire at once")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
 
   auto* demo_cmd = app.add_subcommand("demo", "run an owner and consumers in one process and fetch a data set");
 

@@ -16,6 +16,7 @@
 #include <boost/asio/use_awaitable.hpp>
 
 #include <algorithm>
+#include <deque>
 #include <cstring>
 #include <optional>
 
@@ -80,10 +81,22 @@ struct Consumer::State {
   /// answer is in (at most io_timeout later), and the connection stays in
   /// step for the fetches queued behind it.
   asio::awaitable<Result<Message>> request(Message message) {
-    co_return co_await to_its_end(executor, exchange(std::move(message)));
+    CORMA_CO_TRY(const auto id, co_await send(std::move(message)));
+    co_return co_await answer_to(id);
   }
 
-  asio::awaitable<Result<Message>> exchange(Message message) {
+  /// Writes one request (to its end); its id, for answer_to(). Several may
+  /// be sent before their answers are read: the owner answers in order.
+  asio::awaitable<Result<std::uint64_t>> send(Message message) {
+    co_return co_await to_its_end(executor, write_request(std::move(message)));
+  }
+
+  /// Reads the answer to request `id` (to its end), skipping stale ones.
+  asio::awaitable<Result<Message>> answer_to(std::uint64_t id) {
+    co_return co_await to_its_end(executor, read_answer(id));
+  }
+
+  asio::awaitable<Result<std::uint64_t>> write_request(Message message) {
     if (!connection || !connection->is_open()) co_return fail(errc::peer_unreachable, "connection to the owner is closed");
     const std::uint64_t id = next_request++;
     Frame frame{id, std::move(message)};
@@ -91,6 +104,11 @@ struct Consumer::State {
       connection->close();
       co_return std::move(written).error();
     }
+    co_return id;
+  }
+
+  asio::awaitable<Result<Message>> read_answer(std::uint64_t id) {
+    if (!connection || !connection->is_open()) co_return fail(errc::peer_unreachable, "connection to the owner is closed");
     for (int stale = 0; stale < 16; ++stale) {
       auto reply = co_await connection->read(config.io_timeout);
       if (!reply) {
@@ -110,20 +128,48 @@ struct Consumer::State {
     co_return fail(errc::protocol, "owner keeps answering other requests");
   }
 
+  /// Reads the object in chunks, keeping up to `pull_window` pulls on the
+  /// wire so that the owner's reads, the network and our copies overlap.
+  /// A cancelled fetch stops asking and reads the answers already asked
+  /// for, so the connection stays in step.
   asio::awaitable<Result<void>> pull_all(std::uint64_t lease, std::uint64_t size, std::uint32_t chunk,
                                          std::span<std::byte> into) {
-    for (std::uint64_t offset = 0; offset < size;) {
-      if (co_await cancelled_here()) co_return fetch_cancelled("during the chunked read");
-      const auto len = static_cast<std::uint32_t>(std::min<std::uint64_t>(chunk, size - offset));
-      Pull pull{lease, offset, len};
-      CORMA_CO_TRY(auto reply, co_await request(pull));
-      auto* data = std::get_if<Data>(&reply);
-      if (data == nullptr || data->offset != offset || data->bytes.size() != len) {
+    struct Asked {
+      std::uint64_t id;
+      std::uint64_t offset;
+      std::uint32_t len;
+    };
+    std::deque<Asked> asked;
+    const std::size_t window = std::max<std::size_t>(config.pull_window, 1);
+    std::uint64_t next = 0;
+    std::uint64_t received = 0;
+    bool cancelled = false;
+    while (received < size) {
+      cancelled = cancelled || co_await cancelled_here();
+      while (!cancelled && asked.size() < window && next < size) {
+        const auto len = static_cast<std::uint32_t>(std::min<std::uint64_t>(chunk, size - next));
+        CORMA_CO_TRY(const auto id, co_await send(Pull{lease, next, len}));
+        asked.push_back(Asked{id, next, len});
+        next += len;
+      }
+      if (asked.empty()) co_return fetch_cancelled("during the chunked read");
+      const Asked pull = asked.front();
+      asked.pop_front();
+      auto reply = co_await answer_to(pull.id);
+      if (!reply) {
+        // An error answer ends the fetch; the answers to the pulls behind it
+        // are read first, so the connection stays in step.
+        for (const auto& behind : asked) (void)co_await answer_to(behind.id);
+        co_return std::move(reply).error();
+      }
+      auto* data = std::get_if<Data>(&reply.value());
+      if (data == nullptr || data->offset != pull.offset || data->bytes.size() != pull.len) {
+        connection->close();  // answers still on the wire would be out of step
         co_return fail(errc::protocol, "owner answered a pull with the wrong bytes");
       }
-      std::memcpy(into.data() + offset, data->bytes.data(), len);
-      offset += len;
-      if (config.on_progress) config.on_progress(offset, size);
+      std::memcpy(into.data() + pull.offset, data->bytes.data(), pull.len);
+      received += pull.len;
+      if (config.on_progress) config.on_progress(received, size);
     }
     co_return success();
   }

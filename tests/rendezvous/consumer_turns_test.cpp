@@ -1,5 +1,6 @@
 // The consumer's connection discipline: fetches take turns on one
-// connection (one request on the wire at a time, whatever is cancelled),
+// connection (only one fetch's requests on the wire at a time, whatever is
+// cancelled; a fetch's own pulls are pipelined),
 // and a dead owner is noticed within seconds even while an RDMA get waits.
 #include "rendezvous/rendezvous_fixture.hpp"
 
@@ -7,6 +8,8 @@
 #include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/steady_timer.hpp>
 
+#include <deque>
+#include <optional>
 #include <random>
 
 namespace {
@@ -14,37 +17,93 @@ namespace {
 using namespace corma::testing::rendezvous;
 using corma::errc;
 
-/// An owner that answers every request after a short pause, and counts the
-/// requests that arrived while another was still unanswered.
+/// An owner that answers every request in order after a short pause, and
+/// sorts the requests that arrived while another was still unanswered: of
+/// the same fetch (pulls of one lease, pipelined on purpose) or of another
+/// (two fetches talking at once: never allowed).
 struct StrictOwner {
   std::vector<std::byte> object = pattern(3000, 4);
   int overlapping = 0;
+  int pipelined = 0;
   int requests = 0;
+
+  struct Pending {
+    rv::Frame frame;
+    std::optional<std::uint64_t> lease;  // empty: a request that opens a fetch (acquire, hello)
+  };
+  std::deque<Pending> unanswered;
+  bool closed = false;
+  bool done = false;  // serve() returned: the owner may be destroyed
+
+  static std::optional<std::uint64_t> lease_of(const rv::Message& message) {
+    if (auto* pull = std::get_if<rv::Pull>(&message)) return pull->lease;
+    if (auto* release = std::get_if<rv::Release>(&message)) return release->lease;
+    return std::nullopt;
+  }
+
+  /// Records each request as it arrives.
+  asio::awaitable<void> read_requests(rv::FramedConnection& connection, asio::steady_timer& arrived) {
+    for (;;) {
+      auto frame = co_await connection.read(std::chrono::seconds(5));
+      if (!frame) break;
+      ++requests;
+      const auto lease = lease_of(frame.value().message);
+      if (!unanswered.empty()) {
+        const bool same_fetch = lease && unanswered.back().lease == lease;
+        ++(same_fetch ? pipelined : overlapping);
+      }
+      unanswered.push_back(Pending{std::move(frame).value(), lease});
+      arrived.cancel();
+    }
+    closed = true;
+    arrived.cancel();
+  }
+
+  rv::Message answer(const rv::Message& message, std::uint64_t& next_lease) const {
+    if (std::holds_alternative<rv::Hello>(message)) return rv::HelloOk{};
+    if (std::holds_alternative<rv::Acquire>(message)) {
+      return rv::Chunked{next_lease++, object.size(), 1000, 10000, rv::ChunkedReason::no_offer};
+    }
+    if (auto* pull = std::get_if<rv::Pull>(&message)) {
+      const auto first = object.begin() + static_cast<std::ptrdiff_t>(pull->offset);
+      return rv::Data{pull->offset, std::vector<std::byte>(first, first + static_cast<std::ptrdiff_t>(pull->len))};
+    }
+    return rv::Released{};
+  }
 
   asio::awaitable<void> serve(asio::ip::tcp::acceptor& acceptor) {
     auto socket = co_await acceptor.async_accept(asio::use_awaitable);
     rv::FramedConnection connection(std::move(socket), rv::default_max_frame_body);
-    asio::steady_timer pause(co_await asio::this_coro::executor);
+    auto executor = co_await asio::this_coro::executor;
+    asio::steady_timer pause(executor);
+    asio::steady_timer arrived(executor);
+    asio::co_spawn(executor, read_requests(connection, arrived), asio::detached);
     std::uint64_t next_lease = 1;
-    for (;;) {
-      auto frame = co_await connection.read(std::chrono::seconds(5));
-      if (!frame) co_return;
-      ++requests;
+    // Until the reader is done: it uses this frame's connection and timer.
+    while (!closed || !unanswered.empty()) {
+      if (unanswered.empty()) {
+        arrived.expires_at(asio::steady_timer::time_point::max());
+        co_await arrived.async_wait(asio::as_tuple(asio::use_awaitable));
+        continue;
+      }
       pause.expires_after(std::chrono::microseconds(300));
       co_await pause.async_wait(asio::as_tuple(asio::use_awaitable));
-      if (connection.socket().available() > 0) ++overlapping;  // the next request came before this answer
-      rv::Message reply = rv::Released{};
-      auto& message = frame.value().message;
-      if (std::holds_alternative<rv::Hello>(message)) {
-        reply = rv::HelloOk{};
-      } else if (std::holds_alternative<rv::Acquire>(message)) {
-        reply = rv::Chunked{next_lease++, object.size(), 1000, 10000, rv::ChunkedReason::no_offer};
-      } else if (auto* pull = std::get_if<rv::Pull>(&message)) {
-        const auto first = object.begin() + static_cast<std::ptrdiff_t>(pull->offset);
-        reply = rv::Data{pull->offset, std::vector<std::byte>(first, first + static_cast<std::ptrdiff_t>(pull->len))};
+      const auto& request = unanswered.front().frame;
+      rv::Frame response{request.request_id, answer(request.message, next_lease)};
+      const bool written = static_cast<bool>(co_await connection.write(response, std::chrono::seconds(5)));
+      unanswered.pop_front();
+      if (!written) {
+        connection.close();
+        unanswered.clear();
       }
-      rv::Frame response{frame.value().request_id, std::move(reply)};
-      if (!co_await connection.write(response, std::chrono::seconds(5))) co_return;
+    }
+    done = true;
+  }
+
+  /// Runs `io` until serve() returned (the consumer closed its connection).
+  void wait_until_done(asio::io_context& io) {
+    io.restart();
+    while (!done && io.run_one_for(std::chrono::seconds(5)) != 0) {
     }
   }
 };
@@ -105,8 +164,11 @@ TEST_F(Rendezvous, CancellingQueuedFetchesAtRandomNeverPutsTwoRequestsOnTheWire)
       co_await wait.async_wait(asio::as_tuple(asio::use_awaitable));
     }
   }());
+  strict.wait_until_done(io);
+  ASSERT_TRUE(strict.done) << "the owner never saw the consumer go";
   for (int i = 0; i < fetches; ++i) EXPECT_EQ(tally.answers[static_cast<std::size_t>(i)], 1) << "fetch " << i;
   EXPECT_EQ(strict.overlapping, 0) << "of " << strict.requests << " requests";
+  EXPECT_GT(strict.pipelined, 0) << "no fetch kept several pulls on the wire";
   EXPECT_GT(tally.cancelled, 0) << "no queued fetch was cancelled: the test did not test";
   EXPECT_EQ(tally.succeeded + tally.cancelled, fetches) << "a fetch failed otherwise";
 }
