@@ -29,7 +29,7 @@ class FileResolver {
   /// past the snapshot limit.
   Result<PublishedObject> operator()(std::string_view name) const;
 
-  /// Bytes held by snapshots in use.
+  /// Bytes held by snapshots, in use or cached for the next fetch.
   [[nodiscard]] std::uint64_t snapshot_bytes() const noexcept { return snapshots_->bytes_held(); }
 
   [[nodiscard]] const std::filesystem::path& root() const noexcept { return root_; }

@@ -45,23 +45,35 @@ Result<std::shared_ptr<const FileSnapshot>> SnapshotCache::snapshot(int fd, cons
     const auto version = FileVersion::of(info);
     {
       std::lock_guard lock(mutex_);
-      if (auto cached = cache_[key].lock(); cached && cached->version() == version) return cached;
+      if (auto cached = cache_.find(key); cached != cache_.end()) {
+        if (cached->second.snapshot->version() == version) {
+          cached->second.last_used = ++uses_;
+          return cached->second.snapshot;
+        }
+        cache_.erase(cached);  // an older version: its readers keep their own reference
+      }
+      make_room(static_cast<std::uint64_t>(version.size));
     }
     auto fresh = read_whole(fd, version, name);
     if (!fresh && !fresh.error().is(errc::object_changed)) return fresh;
     if (fresh) {
       std::lock_guard lock(mutex_);
-      forget_unused();
-      cache_[key] = fresh.value();
+      cache_[key] = Cached{fresh.value(), ++uses_};
       return fresh;
     }
   }
   return fail(errc::object_changed, "'" + std::string(name) + "' kept changing while it was read");
 }
 
-void SnapshotCache::forget_unused() {
-  for (auto it = cache_.begin(); it != cache_.end();) {
-    it = it->second.expired() ? cache_.erase(it) : std::next(it);
+void SnapshotCache::make_room(std::uint64_t size) {
+  while (held_->load() + size > max_bytes_) {
+    auto oldest_idle = cache_.end();
+    for (auto it = cache_.begin(); it != cache_.end(); ++it) {
+      if (it->second.snapshot.use_count() != 1) continue;  // someone reads it
+      if (oldest_idle == cache_.end() || it->second.last_used < oldest_idle->second.last_used) oldest_idle = it;
+    }
+    if (oldest_idle == cache_.end()) return;
+    cache_.erase(oldest_idle);
   }
 }
 

@@ -54,6 +54,10 @@ class FileSnapshot {
 
 /// Snapshots shared by everyone who reads the same version of a file (one
 /// buffer per version however many leases read it), within a byte limit.
+/// A snapshot nobody reads any more stays cached for the next fetch of the
+/// same version (which then reads and faults in nothing), until a newer
+/// version replaces it or another file needs its room (least recently used
+/// first).
 class SnapshotCache {
  public:
   explicit SnapshotCache(std::uint64_t max_bytes);
@@ -64,17 +68,25 @@ class SnapshotCache {
   /// `budget_exceeded` when snapshots alive would exceed the limit.
   Result<std::shared_ptr<const FileSnapshot>> snapshot(int fd, const std::string& key, std::string_view name);
 
-  /// Bytes held by snapshots that are still in use.
+  /// Bytes held by snapshots, in use or cached.
   [[nodiscard]] std::uint64_t bytes_held() const noexcept { return held_->load(); }
 
  private:
+  struct Cached {
+    std::shared_ptr<const FileSnapshot> snapshot;
+    std::uint64_t last_used = 0;
+  };
+
   Result<std::shared_ptr<const FileSnapshot>> read_whole(int fd, FileVersion version, std::string_view name);
-  void forget_unused();  // under mutex_
+  /// Drops cached snapshots nobody reads, least recently used first, until
+  /// `size` more bytes fit the limit or none is left to drop (under mutex_).
+  void make_room(std::uint64_t size);
 
   std::uint64_t max_bytes_;
   std::shared_ptr<std::atomic<std::uint64_t>> held_;
   std::mutex mutex_;
-  std::unordered_map<std::string, std::weak_ptr<const FileSnapshot>> cache_;
+  std::unordered_map<std::string, Cached> cache_;
+  std::uint64_t uses_ = 0;  // the clock of last_used
 };
 
 }  // namespace corma::cli

@@ -396,6 +396,8 @@ asio::awaitable<Result<std::unique_ptr<Consumer>>> Consumer::connect_and_greet(a
     co_return fail(errc::peer_unreachable, "cannot connect to the owner: " + ec.message());
   }
   state->connection = std::make_unique<FramedConnection>(std::move(socket), default_max_frame_body);
+  // Chunks arrive frame after frame: their buffer is kept, not made per chunk.
+  state->connection->keep_read_buffer_up_to(default_max_frame_body);
   CORMA_CO_TRY(co_await state->hello());
   co_return std::unique_ptr<Consumer>(new Consumer(std::move(state)));
 }

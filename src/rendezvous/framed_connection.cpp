@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstring>
 
 namespace corma::rendezvous {
 
@@ -17,7 +18,6 @@ using namespace asio::experimental::awaitable_operators;
 namespace {
 
 constexpr auto as_result = asio::as_tuple(asio::use_awaitable);
-constexpr std::size_t keep_body_capacity = 64 * 1024;
 
 Error connection_error(const boost::system::error_code& ec, const char* what) {
   if (ec == asio::error::eof || ec == asio::error::connection_reset || ec == asio::error::broken_pipe) {
@@ -97,28 +97,52 @@ asio::awaitable<Result<Frame>> FramedConnection::read(std::chrono::milliseconds 
   }
   // The whole body must arrive within `rest`, however it is split.
   const auto deadline = std::chrono::steady_clock::now() + rest;
-  body_.clear();
-  while (body_.size() < length.value()) {
+  const std::size_t length_bytes = length.value();
+  std::size_t have = 0;
+  while (have < length_bytes) {
     // Grow by what has arrived so far (doubling from one page), never by the
     // prefix's claim alone: a peer that announces a megabyte and sends
-    // nothing costs a page, not a megabyte.
-    const std::size_t have = body_.size();
-    const std::size_t step = std::min<std::size_t>(length.value() - have, std::max<std::size_t>(have, 4096));
-    body_.resize(have + step);
+    // nothing costs a page, not a megabyte. A kept buffer is used whole.
+    if (have == body_capacity_) grow_body(std::min(length_bytes, std::max<std::size_t>(2 * have, 4096)), have);
+    const std::size_t step = std::min(length_bytes, body_capacity_) - have;
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    CORMA_CO_TRY(co_await transfer(socket_, Reader{}, asio::buffer(body_.data() + have, step),
+    CORMA_CO_TRY(co_await transfer(socket_, Reader{}, asio::buffer(body_.get() + have, step),
                                    std::max(left, std::chrono::milliseconds(0)), "reading a frame"));
+    have += step;
   }
-  auto frame = decode_frame_body(body_);
-  // A large frame's buffer is not kept for the connection's whole life.
-  if (body_.capacity() > keep_body_capacity) body_ = {};
+  auto frame = decode_frame_body(std::span<const std::byte>(body_.get(), length_bytes));
+  // A buffer larger than this side keeps is not held for the connection's whole life.
+  if (body_capacity_ > keep_capacity_) {
+    body_.reset();
+    body_capacity_ = 0;
+  }
   if (!frame) close();
   co_return frame;
+}
+
+void FramedConnection::grow_body(std::size_t capacity, std::size_t kept) {
+  auto fresh = std::make_unique_for_overwrite<std::byte[]>(capacity);
+  if (kept != 0) std::memcpy(fresh.get(), body_.get(), kept);
+  body_ = std::move(fresh);
+  body_capacity_ = capacity;
 }
 
 asio::awaitable<Result<void>> FramedConnection::write(const Frame& frame, std::chrono::milliseconds timeout) {
   auto bytes = encode_frame(frame);
   co_return co_await transfer(socket_, Writer{}, asio::buffer(bytes), timeout, "writing a frame");
+}
+
+asio::awaitable<Result<void>> FramedConnection::write_data(std::uint64_t request_id, std::uint64_t offset,
+                                                           std::span<const std::byte> bytes,
+                                                           std::chrono::milliseconds timeout) {
+  auto head = encode_data_head(request_id, offset, bytes.size());
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  CORMA_CO_TRY(co_await transfer(socket_, Writer{}, asio::buffer(head), timeout, "writing a frame"));
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+  // transfer() takes a mutable buffer for both directions; the writer only reads it.
+  auto* payload = const_cast<std::byte*>(bytes.data());  // NOLINT(cppcoreguidelines-pro-type-const-cast)
+  co_return co_await transfer(socket_, Writer{}, asio::buffer(payload, bytes.size()),
+                              std::max(left, std::chrono::milliseconds(0)), "writing a frame");
 }
 
 void FramedConnection::close() noexcept {

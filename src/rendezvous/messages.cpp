@@ -87,9 +87,15 @@ void put_payload(Writer& out, const Pull& m) {
   out.u32(m.len);
 }
 
+/// A data message up to its bytes: what encode_data_head() and a Data
+/// message's encoding share.
+void put_data_fields(Writer& out, std::uint64_t offset, std::size_t len) {
+  out.u64(offset);
+  out.u32(checked_length<std::uint32_t>(len, "data chunk"));
+}
+
 void put_payload(Writer& out, const Data& m) {
-  out.u64(m.offset);
-  out.u32(checked_length<std::uint32_t>(m.bytes.size(), "data chunk"));
+  put_data_fields(out, m.offset, m.bytes.size());
   out.bytes(m.bytes);
 }
 
@@ -312,15 +318,31 @@ MessageType type_of(const Message& message) noexcept {
                     message);
 }
 
-std::vector<std::byte> encode_frame(const Frame& frame) {
-  Writer out(frame_header_size);
-  out.u32(0);  // body length, patched below
-  out.u8(static_cast<std::uint8_t>(type_of(frame.message)));
+namespace {
+
+void put_frame_header(Writer& out, MessageType type, std::uint64_t request_id) {
+  out.u32(0);  // body length, patched once the body is known
+  out.u8(static_cast<std::uint8_t>(type));
   out.u8(0);
   out.u16(0);
-  out.u64(frame.request_id);
+  out.u64(request_id);
+}
+
+}  // namespace
+
+std::vector<std::byte> encode_frame(const Frame& frame) {
+  Writer out(frame_header_size);
+  put_frame_header(out, type_of(frame.message), frame.request_id);
   std::visit([&out](const auto& m) { put_payload(out, m); }, frame.message);
   out.patch_u32(0, checked_length<std::uint32_t>(out.size() - 4, "frame body"));
+  return std::move(out).take();
+}
+
+std::vector<std::byte> encode_data_head(std::uint64_t request_id, std::uint64_t offset, std::size_t len) {
+  Writer out(frame_header_size + 12);
+  put_frame_header(out, MessageType::data, request_id);
+  put_data_fields(out, offset, len);
+  out.patch_u32(0, checked_length<std::uint32_t>(out.size() - 4 + len, "frame body"));
   return std::move(out).take();
 }
 

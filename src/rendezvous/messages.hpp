@@ -124,6 +124,10 @@ struct Frame {
 
 /// The whole frame: length prefix, fixed header, payload.
 [[nodiscard]] std::vector<std::byte> encode_frame(const Frame& frame);
+/// The bytes of a `data` frame before its `len` payload bytes: sent ahead of
+/// bytes written straight from where they live. Head then payload equal
+/// encode_frame(Frame{request_id, Data{offset, payload}}).
+[[nodiscard]] std::vector<std::byte> encode_data_head(std::uint64_t request_id, std::uint64_t offset, std::size_t len);
 
 /// Reads the 4-byte length prefix; refuses a body shorter than the fixed
 /// header or longer than `max_body` (`protocol`) before anything is read.

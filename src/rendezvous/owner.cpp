@@ -247,26 +247,28 @@ struct Owner::State : std::enable_shared_from_this<State> {
     co_return RdmaGrant{id, size, timeout_ms, std::move(descriptor)};
   }
 
-  Message pull(std::uint64_t session, const Pull& request) {
+  /// The slice a pull asks for, checked against its lease, with the
+  /// object's keepalive: it is written straight from there, and must outlive
+  /// the write even if the lease goes meanwhile.
+  Result<PublishedObject> pull(std::uint64_t session, const Pull& request) {
     Lease* lease = lease_of(session, request.lease);
     if (lease == nullptr) {
       ++stats.refused_requests;
-      return error_reply(Error{errc::region_not_found, "no such lease on this connection"});
+      return Error{errc::region_not_found, "no such lease on this connection"};
     }
     if (request.len > config.chunk_size) {
       ++stats.refused_requests;
-      return error_reply(Error{errc::out_of_range, "pull larger than the chunk size"});
+      return Error{errc::out_of_range, "pull larger than the chunk size"};
     }
     // Nothing outside the published range is ever sent.
     if (auto inside = validate_slice(request.offset, request.len, lease->object.bytes.size()); !inside) {
       ++stats.refused_requests;
-      return error_reply(inside.error());
+      return std::move(inside).error();
     }
     refresh(*lease);
     ++stats.pulls;
     stats.pulled_bytes += request.len;
-    const auto bytes = lease->object.bytes.subspan(request.offset, request.len);
-    return Data{request.offset, std::vector<std::byte>(bytes.begin(), bytes.end())};
+    return PublishedObject{lease->object.bytes.subspan(request.offset, request.len), lease->object.keepalive};
   }
 
   Message renew(std::uint64_t session, const Renew& request) {
@@ -342,7 +344,15 @@ struct Owner::State : std::enable_shared_from_this<State> {
       if (auto* acquire_request = std::get_if<Acquire>(&message)) {
         reply = co_await acquire(session_id, peer.has_value(), std::move(*acquire_request));
       } else if (auto* pull_request = std::get_if<Pull>(&message)) {
-        reply = pull(session_id, *pull_request);
+        auto slice = pull(session_id, *pull_request);
+        if (slice) {
+          if (!co_await connection->write_data(frame.value().request_id, pull_request->offset, slice.value().bytes,
+                                               config.io_timeout)) {
+            break;
+          }
+          continue;
+        }
+        reply = error_reply(std::move(slice).error());
       } else if (auto* renew_request = std::get_if<Renew>(&message)) {
         reply = renew(session_id, *renew_request);
       } else if (auto* release_request = std::get_if<Release>(&message)) {

@@ -123,6 +123,18 @@ TEST(FrameLayout, PullIsLittleEndianFixedWidthUnpadded) {
   }
 }
 
+TEST(FrameLayout, ADataHeadFollowedByItsBytesIsTheDataFrame) {
+  for (const std::size_t len : {std::size_t{1}, std::size_t{4096}, std::size_t{1} << 20}) {
+    std::vector<std::byte> payload(len);
+    for (std::size_t i = 0; i < len; ++i) payload[i] = static_cast<std::byte>(i * 7 + 3);
+    const std::uint64_t request_id = 0x1122334455667788ULL;
+    const std::uint64_t offset = 5ULL << 32;
+    auto streamed = rv::encode_data_head(request_id, offset, len);
+    streamed.insert(streamed.end(), payload.begin(), payload.end());
+    EXPECT_EQ(streamed, rv::encode_frame(Frame{request_id, rv::Data{offset, payload}})) << len << " bytes";
+  }
+}
+
 TEST(FrameLayout, PayloadSizes) {
   auto payload = [](const Message& m) { return rv::encode_frame({0, m}).size() - rv::frame_header_size; };
   EXPECT_EQ(payload(rv::Hello{rv::protocol_version, BackendId{3}, blob(5)}), 2U + 1U + 4U + 5U);
