@@ -2,6 +2,8 @@
 // rounds, so drift on this noisy machine hits both alike.
 #include "scenarios.hpp"
 
+#include "bench_support.hpp"
+#include "file_fetch.hpp"
 #include "raw_ucx.hpp"
 
 #include <corma/consumer.hpp>
@@ -37,24 +39,8 @@
 namespace corma::bench {
 
 namespace asio = boost::asio;
-using clock_type = std::chrono::steady_clock;
 
 namespace {
-
-constexpr std::size_t KiB = 1024;
-constexpr std::size_t MiB = 1024 * KiB;
-
-std::string size_name(std::size_t size) {
-  if (size >= MiB) return std::to_string(size / MiB) + "MiB";
-  if (size >= KiB) return std::to_string(size / KiB) + "KiB";
-  return std::to_string(size) + "B";
-}
-
-template <class T>
-T must(Result<T> r, const char* what) {
-  if (!r) throw std::runtime_error(std::string(what) + ": " + r.error().message());
-  return std::move(r).value();
-}
 
 ucx::Config corma_config(const std::string& transport) {
   ucx::Config config;
@@ -586,6 +572,7 @@ std::vector<Measurement> run_scenarios(const Options& options) {
       keep(end_to_end(options, size, false, true));
     }
   }
+  if (selected(options, "file_fetch")) keep(file_fetch_chunked(options));
   if (selected(options, "registry_bookkeeping")) {
     for (int threads : {1, 2, 8}) keep(registry_bookkeeping(options, threads));
   }

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 
 namespace corma {
@@ -44,6 +45,11 @@ struct FetchOutcome {
   std::string reason;       ///< the owner's chunked reason, or the RDMA failure that caused the fallback
   bool fell_back = false;   ///< RDMA was granted but failed; the chunked path finished the job
 };
+
+/// Receives a fetched object's bytes in order: `bytes` belong at `offset`
+/// of the object and are only valid during the call. An error ends the fetch
+/// with that error.
+using ChunkSink = std::function<Result<void>(std::uint64_t offset, std::span<const std::byte> bytes)>;
 
 /// A fetched object in a buffer of the consumer's own.
 struct Fetched : FetchOutcome {
@@ -114,6 +120,17 @@ class Consumer {
                                 std::forward<Token>(token));
   }
 
+  /// Fetches `name` into `sink`, chunk by chunk as the chunks arrive, with
+  /// no buffer for the whole object (a file written as it comes, say); over
+  /// RDMA the object lands in fresh memory and the sink receives it whole.
+  /// Same paths and fallback as async_fetch; a sink's error ends the fetch
+  /// (its lease released). Completes with Result<FetchOutcome>.
+  template <class Token = DefaultToken>
+  auto async_fetch_to(std::string name, ChunkSink sink, Token&& token = {}) {
+    return detail::as_operation(executor(), fetch_to_coroutine(std::move(name), std::move(sink)),
+                                std::forward<Token>(token));
+  }
+
   /// Whether the owner accepted this consumer's RDMA offer.
   [[nodiscard]] bool rdma_ready() const noexcept;
   [[nodiscard]] ConsumerStats stats() const;
@@ -130,6 +147,7 @@ class Consumer {
   [[nodiscard]] boost::asio::awaitable<Result<Fetched>> fetch_coroutine(std::string name);
   [[nodiscard]] boost::asio::awaitable<Result<FetchOutcome>> fetch_into_coroutine(std::string name,
                                                                                    RegionGuard& destination);
+  [[nodiscard]] boost::asio::awaitable<Result<FetchOutcome>> fetch_to_coroutine(std::string name, ChunkSink sink);
 
   std::shared_ptr<State> state_;
 };

@@ -2,6 +2,7 @@
 #include "address.hpp"
 #include "commands.hpp"
 #include "network_device.hpp"
+#include "output_file.hpp"
 #include "shut_down.hpp"
 #include "sizes.hpp"
 
@@ -15,7 +16,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <optional>
 
 namespace corma::cli {
@@ -71,12 +71,19 @@ int run_get(const GetOptions& options) {
       if (total >= progress_from) draw_progress(done, total);
     };
   }
+  // Written as the chunks come (no buffer for the whole file on the chunked
+  // path), and removed again if the fetch fails.
+  auto output = OutputFile::create(options.output);
+  if (!output) {
+    std::fprintf(stderr, "corma get: %s\n", output.error().message().c_str());
+    return 1;
+  }
   const auto start = std::chrono::steady_clock::now();
-  auto fetch = [&]() -> asio::awaitable<Result<Fetched>> {
+  auto fetch = [&]() -> asio::awaitable<Result<FetchOutcome>> {
     CORMA_CO_TRY(auto consumer, co_await Consumer::connect(io.get_executor(), owner.value(), registry, config));
-    co_return co_await consumer->async_fetch(options.path);
+    co_return co_await consumer->async_fetch_to(options.path, output.value().sink());
   };
-  std::optional<Result<Fetched>> outcome;
+  std::optional<Result<FetchOutcome>> outcome;
   auto finished = start;
   asio::co_spawn(
       io,
@@ -91,19 +98,15 @@ int run_get(const GetOptions& options) {
       },
       asio::detached);
   io.run();
-  auto fetched = outcome ? std::move(*outcome) : Result<Fetched>(fail(errc::backend, "fetch did not finish"));
+  auto fetched = outcome ? std::move(*outcome) : Result<FetchOutcome>(fail(errc::backend, "fetch did not finish"));
   const double seconds = std::chrono::duration<double>(finished - start).count();
   if (terminal) std::printf("\n");
   if (!fetched) {
     std::fprintf(stderr, "corma get: %s: %s\n", options.path.c_str(), fetched.error().message().c_str());
     return 1;
   }
-  std::ofstream out(options.output, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(fetched.value().data.data()),
-            static_cast<std::streamsize>(fetched.value().size));
-  out.close();
-  if (!out) {
-    std::fprintf(stderr, "corma get: cannot write %s\n", options.output.c_str());
+  if (auto kept = output.value().keep(); !kept) {
+    std::fprintf(stderr, "corma get: %s\n", kept.error().message().c_str());
     return 1;
   }
   const auto& f = fetched.value();

@@ -133,7 +133,7 @@ struct Consumer::State {
   /// A cancelled fetch stops asking and reads the answers already asked
   /// for, so the connection stays in step.
   asio::awaitable<Result<void>> pull_all(std::uint64_t lease, std::uint64_t size, std::uint32_t chunk,
-                                         std::span<std::byte> into) {
+                                         const ChunkSink& write) {
     struct Asked {
       std::uint64_t id;
       std::uint64_t offset;
@@ -167,7 +167,10 @@ struct Consumer::State {
         connection->close();  // answers still on the wire would be out of step
         co_return fail(errc::protocol, "owner answered a pull with the wrong bytes");
       }
-      std::memcpy(into.data() + pull.offset, data->bytes.data(), pull.len);
+      if (auto written = write(pull.offset, data->bytes); !written) {
+        for (const auto& behind : asked) (void)co_await answer_to(behind.id);
+        co_return std::move(written).error();
+      }
       received += pull.len;
       if (config.on_progress) config.on_progress(received, size);
     }
@@ -281,6 +284,9 @@ struct Consumer::State {
     std::function<Result<std::span<std::byte>>(std::uint64_t size)> span_for;
     RegionGuard* registered = nullptr;
     std::function<void(DeregisteredEvent)> keep_until;
+    /// When set, chunks go here as they arrive instead of into span_for's
+    /// memory (which then only serves an RDMA get, handed over whole).
+    ChunkSink sink;
   };
 
   /// Where the object goes; when it has nowhere to go, the lease is released.
@@ -315,8 +321,12 @@ struct Consumer::State {
       (void)co_await release(lease);
       co_return fetch_cancelled("after the owner granted it");
     }
-    auto into = co_await span_to_fill(destination, lease, fetched.size);
-    if (!into) co_return std::move(into).error();
+    // A streamed chunked fetch needs no memory of its own.
+    Result<std::span<std::byte>> into = std::span<std::byte>{};
+    if (!destination.sink || std::holds_alternative<RdmaGrant>(reply)) {
+      into = co_await span_to_fill(destination, lease, fetched.size);
+      if (!into) co_return std::move(into).error();
+    }
 
     if (auto* grant = std::get_if<RdmaGrant>(&reply)) {
       // (Not a conditional expression: g++ 12 mishandles co_await inside one.)
@@ -326,6 +336,7 @@ struct Consumer::State {
       } else {
         got = co_await rdma_get(*grant, into.value(), destination.keep_until);
       }
+      if (got && destination.sink) got = destination.sink(0, into.value().first(fetched.size));
       if (got) {
         if (config.on_progress) config.on_progress(fetched.size, fetched.size);
         fetched.path = Path::rdma;
@@ -345,12 +356,17 @@ struct Consumer::State {
       fetched.fell_back = true;
       fetched.reason = "rdma failed: " + got.error().message();
       ++stats.fallbacks;
-      if (destination.registered == nullptr) {
+      if (destination.registered == nullptr && !destination.sink) {
         into = co_await span_to_fill(destination, lease, fetched.size);
         if (!into) co_return std::move(into).error();
       }
     }
-    auto pulled = co_await pull_all(lease, fetched.size, chunk, into.value());
+    const std::span<std::byte> memory = into.value();
+    const ChunkSink copy_into_memory = [memory](std::uint64_t offset, std::span<const std::byte> bytes) -> Result<void> {
+      std::memcpy(memory.data() + offset, bytes.data(), bytes.size());
+      return success();
+    };
+    auto pulled = co_await pull_all(lease, fetched.size, chunk, destination.sink ? destination.sink : copy_into_memory);
     auto released = co_await release(lease);
     if (!pulled) co_return std::move(pulled).error();
     CORMA_CO_TRY(released);
@@ -428,21 +444,34 @@ asio::awaitable<Result<void>> take_turn(Consumer::State& state) {
   co_return success();
 }
 
+/// Fresh memory for one fetch, allocated into `holder` when the fetch needs
+/// it; a transfer that outlives the fetch takes it over until its
+/// registration is gone.
+Consumer::State::Destination fresh_buffer_in(OwnedBuffer& holder, ChunkSink sink = {}) {
+  return {[&holder](std::uint64_t size) -> Result<std::span<std::byte>> {
+            holder = OwnedBuffer::allocate(std::max<std::uint64_t>(size, 1));
+            return holder.bytes().first(size);
+          },
+          nullptr,
+          [&holder](DeregisteredEvent released) { keep_until_deregistered(std::move(holder), released); },
+          std::move(sink)};
+}
+
 asio::awaitable<Result<Fetched>> fetch_new(std::shared_ptr<Consumer::State> state, std::string name) {
   CORMA_CO_TRY(co_await take_turn(*state));
   GiveBack give_back{*state};
   Fetched fetched;
-  Consumer::State::Destination fresh_buffer{[&fetched](std::uint64_t size) -> Result<std::span<std::byte>> {
-                                    fetched.data = OwnedBuffer::allocate(std::max<std::uint64_t>(size, 1));
-                                    return fetched.data.bytes().first(size);
-                                  },
-                                  nullptr,
-                                  [&fetched](DeregisteredEvent released) {
-                                    keep_until_deregistered(std::move(fetched.data), released);
-                                  }};
-  CORMA_CO_TRY(auto outcome, co_await state->fetch(std::move(name), fresh_buffer));
+  CORMA_CO_TRY(auto outcome, co_await state->fetch(std::move(name), fresh_buffer_in(fetched.data)));
   static_cast<FetchOutcome&>(fetched) = std::move(outcome);
   co_return fetched;
+}
+
+asio::awaitable<Result<FetchOutcome>> fetch_to(std::shared_ptr<Consumer::State> state, std::string name,
+                                               ChunkSink sink) {
+  CORMA_CO_TRY(co_await take_turn(*state));
+  GiveBack give_back{*state};
+  OwnedBuffer rdma_landing;  // used only when the owner grants RDMA
+  co_return co_await state->fetch(std::move(name), fresh_buffer_in(rdma_landing, std::move(sink)));
 }
 
 asio::awaitable<Result<FetchOutcome>> fetch_into(std::shared_ptr<Consumer::State> state, std::string name,
@@ -458,6 +487,7 @@ asio::awaitable<Result<FetchOutcome>> fetch_into(std::shared_ptr<Consumer::State
                                   return destination.bytes().first(size);
                                 },
                                 &destination,
+                                nullptr,
                                 nullptr};
   co_return co_await state->fetch(std::move(name), registered);
 }
@@ -475,6 +505,10 @@ asio::awaitable<Result<Fetched>> Consumer::fetch_coroutine(std::string name) {
 
 asio::awaitable<Result<FetchOutcome>> Consumer::fetch_into_coroutine(std::string name, RegionGuard& destination) {
   return fetch_into(state_, std::move(name), destination);
+}
+
+asio::awaitable<Result<FetchOutcome>> Consumer::fetch_to_coroutine(std::string name, ChunkSink sink) {
+  return fetch_to(state_, std::move(name), std::move(sink));
 }
 
 asio::any_io_executor Consumer::executor() const { return state_->executor; }

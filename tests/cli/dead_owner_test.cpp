@@ -56,17 +56,22 @@ class DeadOwner : public TwoProcesses, public ::testing::WithParamInterface<Tran
     TwoProcesses::TearDown();
   }
 
-  /// Waits until the server holds a lease for the get and the get has
-  /// written `flowing` bytes into its destination (its resident anonymous
-  /// memory: the destination's pages become resident as the bytes land, on
-  /// the RDMA and the chunked path alike). False if the get exits first or
-  /// nothing flows within the limit.
-  bool wait_until_bytes_flow(unsigned short metrics_port) {
+  /// Waits until the server holds a lease for the get and `flowing` bytes
+  /// have landed: in the output file (the chunked path writes chunks as
+  /// they come) or in the get's resident anonymous memory (an RDMA get lands
+  /// in memory first, whose pages become resident as the bytes land). False
+  /// if the get exits first or nothing flows within the limit.
+  bool wait_until_bytes_flow(unsigned short metrics_port, const std::filesystem::path& output) {
     const auto until = std::chrono::steady_clock::now() + 30s;
     while (metric(http_get(metrics_port, "/metrics"), "corma_owner_live_leases") == 0) {
       if (get->wait_exit(10ms).has_value() || std::chrono::steady_clock::now() > until) return false;
     }
-    while (get->resident_anonymous_bytes() < flowing) {
+    const auto landed = [&] {
+      std::error_code missing;
+      const auto written = std::filesystem::file_size(output, missing);
+      return std::max<std::uint64_t>(missing ? 0 : written, get->resident_anonymous_bytes());
+    };
+    while (landed() < flowing) {
       if (get->wait_exit(1ms).has_value() || std::chrono::steady_clock::now() > until) return false;
     }
     return true;
@@ -88,7 +93,7 @@ TEST_P(DeadOwner, KillingTheServerMidTransferFailsTheGetWithinFiveSeconds) {
   std::vector<std::string> args = {binary, "get", owner, "huge.bin", "-o", (base / "huge.out").string()};
   args.insert(args.end(), transport.get_flags.begin(), transport.get_flags.end());
   get.emplace(Process::start(args));
-  ASSERT_TRUE(wait_until_bytes_flow(metrics_port))
+  ASSERT_TRUE(wait_until_bytes_flow(metrics_port, base / "huge.out"))
       << "no transfer seen; get wrote " << get->resident_anonymous_bytes() << " B:\n"
       << get->captured;
 

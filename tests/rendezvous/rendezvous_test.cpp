@@ -358,3 +358,85 @@ TEST_F(Rendezvous, WithoutTheExportCacheEveryLeaseRegistersAgain) {
   }());
   EXPECT_EQ(owner->stats().exports_registered, 2u);
 }
+
+namespace {
+
+/// Collects what a sink receives, checking the chunks come in order.
+struct CollectingSink {
+  std::vector<std::byte> bytes;
+  std::size_t calls = 0;
+  std::size_t largest = 0;
+  bool in_order = true;
+
+  corma::ChunkSink sink() {
+    return [this](std::uint64_t offset, std::span<const std::byte> chunk) -> corma::Result<void> {
+      in_order = in_order && offset == bytes.size();
+      bytes.insert(bytes.end(), chunk.begin(), chunk.end());
+      ++calls;
+      largest = std::max(largest, chunk.size());
+      return corma::success();
+    };
+  }
+};
+
+}  // namespace
+
+TEST_F(Rendezvous, AStreamedFetchHandsTheChunksOverInOrderAsTheyArrive) {
+  corma::OwnerConfig config;
+  config.chunk_size = 64 << 10;
+  start_owner(64 << 20, config);
+  CollectingSink collected;
+  corma::testing::run(io, [&]() -> asio::awaitable<void> {
+    auto consumer = (co_await connect(nullptr)).value();  // no offer: chunks
+    auto outcome = co_await consumer->async_fetch_to("big", collected.sink());
+    EXPECT_TRUE(outcome) << outcome.error().message();
+    EXPECT_EQ(outcome.value().path, Path::chunked);
+    EXPECT_EQ(outcome.value().size, big.size());
+  }());
+  EXPECT_TRUE(collected.in_order);
+  EXPECT_EQ(collected.calls, big.size() / (64 << 10));
+  EXPECT_EQ(collected.largest, std::size_t{64 << 10});
+  EXPECT_EQ(collected.bytes, big);
+  EXPECT_EQ(owner->stats().live_leases, 0u);
+}
+
+TEST_F(Rendezvous, AStreamedFetchOverRdmaHandsTheObjectOverWhole) {
+  start_owner();
+  CollectingSink collected;
+  corma::testing::run(io, [&]() -> asio::awaitable<void> {
+    auto consumer = (co_await connect(consumer_registry)).value();
+    auto outcome = co_await consumer->async_fetch_to("big", collected.sink());
+    EXPECT_TRUE(outcome) << outcome.error().message();
+    EXPECT_EQ(outcome.value().path, Path::rdma);
+  }());
+  EXPECT_EQ(collected.calls, 1u);
+  EXPECT_EQ(collected.bytes, big);
+}
+
+TEST_F(Rendezvous, ASinkErrorEndsTheFetchAndTheConnectionGoesOn) {
+  corma::OwnerConfig config;
+  config.chunk_size = 64 << 10;
+  start_owner(64 << 20, config);
+  std::size_t calls = 0;
+  corma::testing::run(io, [&]() -> asio::awaitable<void> {
+    auto consumer = (co_await connect(nullptr)).value();
+    auto refused = co_await consumer->async_fetch_to(
+        "big", [&calls](std::uint64_t, std::span<const std::byte>) -> corma::Result<void> {
+          if (++calls == 3) return corma::fail(errc::not_owned, "the disk is full");
+          return corma::success();
+        });
+    EXPECT_FALSE(refused);
+    if (!refused) {
+      EXPECT_TRUE(refused.error().is(errc::not_owned)) << refused.error().message();
+    }
+    // The pulls asked before the error were answered and read: the next
+    // fetch talks on a connection in step.
+    auto next = co_await consumer->async_fetch("small");
+    EXPECT_TRUE(next) << next.error().message();
+    if (next) {
+      EXPECT_EQ(std::memcmp(next.value().data.data(), small.data(), small.size()), 0);
+    }
+  }());
+  EXPECT_EQ(calls, 3u) << "the sink was called after it failed";
+  EXPECT_EQ(owner->stats().live_leases, 0u) << "the failed fetch's lease was not released";
+}

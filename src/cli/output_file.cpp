@@ -1,0 +1,48 @@
+#include "output_file.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+namespace corma::cli {
+
+Result<OutputFile> OutputFile::create(std::filesystem::path path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return fail(errc::not_configured, "cannot create " + path.string() + ": " + std::strerror(errno));
+  return OutputFile(std::move(path), fd);
+}
+
+OutputFile::OutputFile(OutputFile&& other) noexcept
+    : path_(std::move(other.path_)), fd_(std::exchange(other.fd_, -1)), kept_(other.kept_) {}
+
+OutputFile::~OutputFile() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!kept_ && !path_.empty()) {
+    std::error_code ignored;
+    std::filesystem::remove(path_, ignored);
+  }
+}
+
+ChunkSink OutputFile::sink() {
+  return [fd = fd_, path = path_.string()](std::uint64_t offset, std::span<const std::byte> bytes) -> Result<void> {
+    for (std::size_t at = 0; at < bytes.size();) {
+      const auto wrote = ::pwrite(fd, bytes.data() + at, bytes.size() - at, static_cast<off_t>(offset + at));
+      if (wrote < 0 && errno == EINTR) continue;
+      if (wrote <= 0) return fail(errc::backend, "writing " + path + ": " + std::strerror(errno));
+      at += static_cast<std::size_t>(wrote);
+    }
+    return success();
+  };
+}
+
+Result<void> OutputFile::keep() {
+  kept_ = true;
+  const int fd = std::exchange(fd_, -1);
+  if (::close(fd) != 0) return fail(errc::backend, "closing " + path_.string() + ": " + std::strerror(errno));
+  return success();
+}
+
+}  // namespace corma::cli

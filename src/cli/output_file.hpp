@@ -1,0 +1,38 @@
+// The file corma get writes: created up front and written chunk by chunk as
+// a fetch streams in (Consumer::async_fetch_to), removed again if the fetch
+// fails, so a failed fetch never leaves a partial file behind.
+#pragma once
+
+#include <corma/consumer.hpp>
+
+#include <filesystem>
+
+namespace corma::cli {
+
+class OutputFile {
+ public:
+  /// Creates (or truncates) `path`; `not_configured` when it cannot be opened.
+  static Result<OutputFile> create(std::filesystem::path path);
+
+  OutputFile(OutputFile&& other) noexcept;
+  OutputFile& operator=(OutputFile&&) = delete;
+  OutputFile(const OutputFile&) = delete;
+  OutputFile& operator=(const OutputFile&) = delete;
+  /// Removes the file unless keep() was called.
+  ~OutputFile();
+
+  /// Writes each chunk at its offset (`backend` with the system's reason
+  /// when a write fails: a full disk ends the fetch).
+  [[nodiscard]] ChunkSink sink();
+  /// The fetch succeeded: the file stays. `backend` if closing it failed.
+  Result<void> keep();
+
+ private:
+  OutputFile(std::filesystem::path path, int fd) : path_(std::move(path)), fd_(fd) {}
+
+  std::filesystem::path path_;
+  int fd_ = -1;
+  bool kept_ = false;
+};
+
+}  // namespace corma::cli
