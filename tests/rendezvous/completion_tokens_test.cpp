@@ -128,8 +128,10 @@ TEST_F(CompletionTokens, FetchIntoARegisteredRegionWithACallback) {
   auto consumer = connect_with_callback();
   std::vector<std::byte> landing(big.size());
   std::optional<Result<corma::RegionGuard>> registered;
-  consumer_registry->async_register(landing, corma::Access::local,
-                                    [&](Result<corma::RegionGuard> r) { registered.emplace(std::move(r)); });
+  // Bound to io: this thread reads `registered`.
+  consumer_registry->async_register(
+      landing, corma::Access::local,
+      asio::bind_executor(io, [&](Result<corma::RegionGuard> r) { registered.emplace(std::move(r)); }));
   ASSERT_TRUE(run_until(io, [&] { return registered.has_value(); }));
   ASSERT_TRUE(*registered) << registered->error().message();
   std::optional<Result<corma::FetchOutcome>> outcome;
