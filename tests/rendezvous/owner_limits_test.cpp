@@ -212,3 +212,52 @@ TEST_F(Rendezvous, AnObjectRepublishedDuringAnRdmaReadFailsTheFetchAsChanged) {
 }
 
 }  // namespace
+
+namespace {
+
+/// Runs the owner until `done` holds or `limit` passes; how long it took.
+template <class Done>
+asio::awaitable<std::chrono::milliseconds> until(Done done, std::chrono::seconds limit) {
+  const auto start = std::chrono::steady_clock::now();
+  asio::steady_timer tick(co_await asio::this_coro::executor);
+  while (!done() && std::chrono::steady_clock::now() - start < limit) {
+    tick.expires_after(std::chrono::milliseconds(5));
+    co_await tick.async_wait(asio::use_awaitable);
+  }
+  co_return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+}
+
+}  // namespace
+
+TEST_F(Rendezvous, AClientThatPipelinesPullsAndNeverReadsTheAnswersIsClosedAtTheIoTimeout) {
+  start_owner(64 << 20, quick_timeouts());
+  corma::testing::run(io, [&]() -> asio::awaitable<void> {
+    auto client = co_await said_hello(acceptor.local_endpoint());
+    auto acquire = message(rv::Acquire{"big", false});
+    auto granted = co_await client.ask(std::move(acquire));
+    auto* chunked = granted ? std::get_if<rv::Chunked>(&granted.value()) : nullptr;
+    EXPECT_TRUE(chunked != nullptr) << "the acquire was not answered with chunks";
+    if (chunked == nullptr) co_return;
+    // Many whole-chunk pulls on the wire (megabytes of answers), none read.
+    const std::uint64_t lease = chunked->lease;
+    const std::uint32_t chunk = chunked->chunk_size;
+    for (std::uint64_t offset = 0; offset + chunk <= big.size(); offset += chunk) {
+      for (int again = 0; again < 16; ++again) {
+        rv::Frame pull{client.next++, rv::Pull{lease, offset, chunk}};
+        auto written = co_await client.connection->write(pull, std::chrono::seconds(5));
+        EXPECT_TRUE(written) << written.error().message();
+        if (!written) co_return;
+      }
+    }
+    // The owner's answers fill the socket; a write that cannot finish within
+    // its io timeout closes the connection (the client never read a byte).
+    const auto waited = co_await until([&] { return owner->stats().open_connections == 0; }, std::chrono::seconds(10));
+    EXPECT_EQ(owner->stats().open_connections, 0u) << "the owner still holds the connection";
+    EXPECT_LT(waited, std::chrono::seconds(5));
+    EXPECT_EQ(owner->stats().live_leases, 0u) << "the closed connection's lease was kept";
+    // Everyone else is still served.
+    auto consumer = (co_await connect(consumer_registry)).value();
+    auto fetched = co_await consumer->async_fetch("small");
+    EXPECT_TRUE(fetched) << fetched.error().message();
+  }());
+}
