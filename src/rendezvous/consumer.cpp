@@ -156,25 +156,30 @@ struct Consumer::State {
       const Asked pull = asked.front();
       asked.pop_front();
       auto reply = co_await answer_to(pull.id);
-      if (!reply) {
-        // An error answer ends the fetch; the answers to the pulls behind it
-        // are read first, so the connection stays in step.
+      auto taken = take_chunk(pull.offset, pull.len, std::move(reply), write);
+      if (!taken) {
+        // The fetch ends here; the answers to the pulls behind it are read
+        // first, so the connection stays in step (a closed one answers at once).
         for (const auto& behind : asked) (void)co_await answer_to(behind.id);
-        co_return std::move(reply).error();
-      }
-      auto* data = std::get_if<Data>(&reply.value());
-      if (data == nullptr || data->offset != pull.offset || data->bytes.size() != pull.len) {
-        connection->close();  // answers still on the wire would be out of step
-        co_return fail(errc::protocol, "owner answered a pull with the wrong bytes");
-      }
-      if (auto written = write(pull.offset, data->bytes); !written) {
-        for (const auto& behind : asked) (void)co_await answer_to(behind.id);
-        co_return std::move(written).error();
+        co_return std::move(taken).error();
       }
       received += pull.len;
       if (config.on_progress) config.on_progress(received, size);
     }
     co_return success();
+  }
+
+  /// Checks the answer to a pull of [offset, offset + len) and hands its
+  /// bytes to `write`. Wrong bytes close the connection: answers still on
+  /// the wire would be out of step.
+  Result<void> take_chunk(std::uint64_t offset, std::uint32_t len, Result<Message> reply, const ChunkSink& write) {
+    CORMA_TRY(auto message, std::move(reply));
+    auto* data = std::get_if<Data>(&message);
+    if (data == nullptr || data->offset != offset || data->bytes.size() != len) {
+      connection->close();
+      return fail(errc::protocol, "owner answered a pull with the wrong bytes");
+    }
+    return write(offset, data->bytes);
   }
 
   /// Ends a lease. The owner answers `object_changed` when the object was

@@ -30,8 +30,8 @@ Error connection_error(const boost::system::error_code& ec, const char* what) {
 /// the socket can take or give at once is moved first without waiting (no
 /// timer, no suspension): pipelined requests and small answers, the common
 /// case, cost one system call each.
-template <class Op>
-asio::awaitable<Result<void>> transfer(asio::ip::tcp::socket& socket, Op op, asio::mutable_buffer buffer,
+template <class Op, class Buffer>
+asio::awaitable<Result<void>> transfer(asio::ip::tcp::socket& socket, Op op, Buffer buffer,
                                        std::chrono::milliseconds timeout, const char* what) {
   boost::system::error_code now_ec;
   while (buffer.size() > 0) {
@@ -65,11 +65,11 @@ struct Reader {
 };
 struct Writer {
   template <class Token>
-  auto operator()(asio::ip::tcp::socket& s, asio::mutable_buffer b, Token&& t) const {
-    return asio::async_write(s, asio::const_buffer(b), std::forward<Token>(t));
+  auto operator()(asio::ip::tcp::socket& s, asio::const_buffer b, Token&& t) const {
+    return asio::async_write(s, b, std::forward<Token>(t));
   }
-  std::size_t now(asio::ip::tcp::socket& s, asio::mutable_buffer b, boost::system::error_code& ec) const {
-    return s.write_some(asio::const_buffer(b), ec);
+  std::size_t now(asio::ip::tcp::socket& s, asio::const_buffer b, boost::system::error_code& ec) const {
+    return s.write_some(b, ec);
   }
 };
 
@@ -139,9 +139,7 @@ asio::awaitable<Result<void>> FramedConnection::write_data(std::uint64_t request
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   CORMA_CO_TRY(co_await transfer(socket_, Writer{}, asio::buffer(head), timeout, "writing a frame"));
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-  // transfer() takes a mutable buffer for both directions; the writer only reads it.
-  auto* payload = const_cast<std::byte*>(bytes.data());  // NOLINT(cppcoreguidelines-pro-type-const-cast)
-  co_return co_await transfer(socket_, Writer{}, asio::buffer(payload, bytes.size()),
+  co_return co_await transfer(socket_, Writer{}, asio::buffer(bytes.data(), bytes.size()),
                               std::max(left, std::chrono::milliseconds(0)), "writing a frame");
 }
 
