@@ -45,6 +45,9 @@ inline std::vector<HandshakeSubject> handshake_subjects() {
   return subjects;
 }
 
+/// The batch limit the fuzzed owner announces.
+inline constexpr std::uint16_t handshake_max_batch = 64;
+
 /// `accepted`: a peer was made (and closed again).
 inline Check check_handshake(std::span<const std::byte> body, const HandshakeSubject& subject) {
   namespace rv = rendezvous;
@@ -52,15 +55,19 @@ inline Check check_handshake(std::span<const std::byte> body, const HandshakeSub
   auto frame = rv::decode_frame_body(body);
   auto* hello = frame ? std::get_if<rv::Hello>(&frame.value().message) : nullptr;
   if (hello == nullptr) return c;
-  const bool takeable = hello->version == rv::protocol_version && hello->backend == ucx::backend_id &&
-                        hello->peer_offer == subject.valid_offer;
-  const bool other_version = hello->version != rv::protocol_version;
+  const auto version = rv::negotiated_version(hello->version);
+  const bool takeable = version && hello->backend == ucx::backend_id && hello->peer_offer == subject.valid_offer;
+  const bool other_version = !version;
   boost::asio::io_context io;
-  auto answering = boost::asio::co_spawn(io, rv::answer_hello(subject.backend.get(), std::move(*hello)),
+  auto answering = boost::asio::co_spawn(io, rv::answer_hello(subject.backend.get(), std::move(*hello), handshake_max_batch),
                                          boost::asio::use_future);
   io.run();  // until the backend has answered
   const auto answer = answering.get();
   auto* ok = std::get_if<rv::HelloOk>(&answer.reply);
+  if (ok != nullptr && (!version || ok->version != *version ||
+                        (ok->max_batch != 0) != (*version >= rv::batch_protocol_version))) {
+    c.mismatch = "hello_ok names another version than the one negotiated";
+  }
   if (answer.peer) {
     c.accepted = true;
     if (!subject.backend->async_peer_close(*answer.peer, boost::asio::use_future).get()) {

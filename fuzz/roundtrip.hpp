@@ -28,7 +28,7 @@ inline bool same(const rv::Hello& a, const rv::Hello& b) {
 }
 inline bool same(const rv::HelloOk& a, const rv::HelloOk& b) {
   return a.version == b.version && a.backend == b.backend && a.peer_answer == b.peer_answer &&
-         a.max_frame_body == b.max_frame_body;
+         a.max_frame_body == b.max_frame_body && a.max_batch == b.max_batch;
 }
 inline bool same(const rv::Acquire& a, const rv::Acquire& b) {
   return a.name == b.name && a.wants_rdma == b.wants_rdma;
@@ -54,7 +54,16 @@ inline bool same(const rv::ErrorReply& a, const rv::ErrorReply& b) {
   return a.code == b.code && a.detail == b.detail;
 }
 
-inline bool same(const rv::Message& a, const rv::Message& b) {
+inline bool same(const rv::AcquireMany& a, const rv::AcquireMany& b) {
+  return a.names == b.names && a.wants_rdma == b.wants_rdma;
+}
+inline bool same(const rv::ReleaseMany& a, const rv::ReleaseMany& b) { return a.leases == b.leases; }
+inline bool same(const rv::ReleasedMany& a, const rv::ReleasedMany& b) { return a.codes == b.codes; }
+inline bool same(const rv::Granted& a, const rv::Granted& b);
+
+/// Two variants (messages, grants) hold the same alternative, field for field.
+template <class... Ts>
+bool same_alternative(const std::variant<Ts...>& a, const std::variant<Ts...>& b) {
   if (a.index() != b.index()) return false;
   return std::visit(
       [&b](const auto& x) {
@@ -63,6 +72,14 @@ inline bool same(const rv::Message& a, const rv::Message& b) {
       },
       a);
 }
+
+inline bool same(const rv::Grant& a, const rv::Grant& b) { return same_alternative(a, b); }
+inline bool same(const rv::Granted& a, const rv::Granted& b) {
+  return std::equal(a.grants.begin(), a.grants.end(), b.grants.begin(), b.grants.end(),
+                    [](const rv::Grant& x, const rv::Grant& y) { return same(x, y); });
+}
+
+inline bool same(const rv::Message& a, const rv::Message& b) { return same_alternative(a, b); }
 
 inline bool same(const rv::Frame& a, const rv::Frame& b) {
   return a.request_id == b.request_id && same(a.message, b.message);

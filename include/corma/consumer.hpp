@@ -21,6 +21,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 namespace corma {
 
@@ -32,6 +33,10 @@ struct ConsumerConfig {
   /// Chunked reads keep this many pulls on the wire at once (at least 1),
   /// so the owner's reads, the network and the copies here overlap.
   std::uint32_t pull_window = 8;
+  /// The rendezvous protocol version offered in the hello: 2 (batches) by
+  /// default; an owner that speaks only 1 answers with 1, and
+  /// async_fetch_many then fetches one object at a time.
+  std::uint16_t protocol_version = 2;
   /// Called on the consumer's executor as bytes arrive (after each chunk,
   /// and once when an RDMA transfer completes).
   std::function<void(std::uint64_t done, std::uint64_t total)> on_progress;
@@ -55,6 +60,19 @@ using ChunkSink = std::function<Result<void>(std::uint64_t offset, std::span<con
 struct Fetched : FetchOutcome {
   OwnedBuffer data;
 };
+
+/// Where one object of async_fetch_many lands: at `offset` of `region`, a
+/// region of the consumer's registry (Access::local is enough) that the
+/// caller keeps registered; an object larger than `capacity` is refused
+/// with `out_of_range`.
+struct FetchSlot {
+  RegionGuard* region = nullptr;
+  std::uint64_t offset = 0;
+  std::uint64_t capacity = 0;
+};
+
+/// async_fetch_many's answer: one outcome per name, in the names' order.
+using ManyFetched = std::vector<Result<FetchOutcome>>;
 
 struct ConsumerStats {
   PathCounters decisions;
@@ -131,6 +149,27 @@ class Consumer {
                                 std::forward<Token>(token));
   }
 
+  /// Fetches every object of `names` into its slot of `destinations` (the
+  /// same length; `out_of_range` otherwise, and nothing is fetched). With a
+  /// version 2 owner the set goes in batches of up to the owner's limit:
+  /// one round trip acquires a batch, one seam batch reads every object the
+  /// owner granted over RDMA (each remote key imported once per export and
+  /// kept), and one round trip releases it; objects in chunks, and objects
+  /// whose RDMA read failed (exactly one fallback each), are pulled in
+  /// between. Each object has its own outcome: not found, refused, too
+  /// large for its slot or changed while read fail alone. When the
+  /// connection or the owner is lost, or the operation is cancelled, the
+  /// objects not yet fetched answer that error. Slots must not overlap and
+  /// their regions must outlive the operation. Completes with
+  /// Result<ManyFetched>.
+  template <class Token = DefaultToken>
+  auto async_fetch_many(std::vector<std::string> names, std::vector<FetchSlot> destinations, Token&& token = {}) {
+    return detail::as_operation(executor(), fetch_many_coroutine(std::move(names), std::move(destinations)),
+                                std::forward<Token>(token));
+  }
+
+  /// The protocol version agreed with the owner.
+  [[nodiscard]] std::uint16_t protocol_version() const noexcept;
   /// Whether the owner accepted this consumer's RDMA offer.
   [[nodiscard]] bool rdma_ready() const noexcept;
   [[nodiscard]] ConsumerStats stats() const;
@@ -148,6 +187,8 @@ class Consumer {
   [[nodiscard]] boost::asio::awaitable<Result<FetchOutcome>> fetch_into_coroutine(std::string name,
                                                                                    RegionGuard& destination);
   [[nodiscard]] boost::asio::awaitable<Result<FetchOutcome>> fetch_to_coroutine(std::string name, ChunkSink sink);
+  [[nodiscard]] boost::asio::awaitable<Result<ManyFetched>> fetch_many_coroutine(std::vector<std::string> names,
+                                                                                 std::vector<FetchSlot> slots);
 
   std::shared_ptr<State> state_;
 };

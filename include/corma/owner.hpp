@@ -49,6 +49,10 @@ struct OwnerConfig {
   std::chrono::milliseconds io_timeout{10000};
   /// Leases one connection may hold at once.
   std::size_t max_leases_per_connection = 64;
+  /// Objects one batch request (protocol version 2) may name; a larger
+  /// batch is refused whole (`budget_exceeded`). Announced to consumers in
+  /// the hello, capped at what one answer frame holds (about 250).
+  std::size_t max_batch_objects = 64;
   /// Leases the owner holds at once, over all connections; past it acquires
   /// are answered `budget_exceeded`.
   std::size_t max_leases = 65536;
@@ -70,6 +74,7 @@ struct OwnerConfig {
 struct OwnerStats {
   PathCounters decisions;
   std::uint64_t not_found = 0;
+  std::uint64_t batch_requests = 0;  ///< acquire_many and release_many requests answered (protocol version 2)
   std::uint64_t pulls = 0;
   std::uint64_t pulled_bytes = 0;
   std::uint64_t refused_requests = 0;  ///< forged leases and renews, out-of-range pulls, bad versions, malformed frames

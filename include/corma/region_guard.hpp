@@ -12,6 +12,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 namespace corma {
 
@@ -37,6 +38,19 @@ struct TransferRange {
   std::uint64_t local_offset = 0;
   std::uint64_t remote_offset = 0;
   std::uint64_t len = 0;
+};
+
+class RegionGuard;
+
+/// One element of RegionGuard::async_get_batch: `range.len` bytes of
+/// `remote` (at `range.remote_offset`) into `into` (at `range.local_offset`).
+/// With an imported key (RdmaBackend::async_import_key) the remote region's
+/// packed key may be left empty.
+struct BatchedGet {
+  RegionGuard* into = nullptr;
+  RemoteRegion remote;
+  TransferRange range;
+  RemoteKeyId key = RemoteKeyId::none;
 };
 
 /// Resolves exactly when a region's memory may be freed or reused. Copyable,
@@ -120,6 +134,18 @@ class RegionGuard {
         token, peer, remote, range);
   }
 
+  /// Many gets from one peer, submitted as one backend batch and answered
+  /// once, element by element (BatchOutcome). Each element is checked as
+  /// async_get checks a single get; one that fails its checks is a failure
+  /// of its own and never reaches the backend. Every destination region
+  /// stays registered until the batch has ended. Cancellation as async_get.
+  template <asio::completion_token_for<void(Result<BatchOutcome>)> Token>
+  static auto async_get_batch(PeerId peer, std::vector<BatchedGet> gets, Token&& token) {
+    return asio::async_initiate<Token, void(Result<BatchOutcome>)>(
+        [](auto handler, PeerId p, std::vector<BatchedGet> g) { do_get_batch(p, std::move(g), std::move(handler)); },
+        token, peer, std::move(gets));
+  }
+
   /// Stops new transfers, waits for the ones in flight, unmaps. Success means
   /// the backend confirmed the release; an error means the state is unknown
   /// and the budget stays charged.
@@ -136,6 +162,8 @@ class RegionGuard {
   static void do_transfer(std::shared_ptr<detail::RegionState> state, bool is_put, PeerId peer,
                           RemoteRegion remote, TransferRange range,
                           asio::any_completion_handler<void(Result<void>)> handler);
+  static void do_get_batch(PeerId peer, std::vector<BatchedGet> gets,
+                           asio::any_completion_handler<void(Result<BatchOutcome>)> handler);
   static void do_deregister(const std::shared_ptr<detail::RegionState>& state,
                             asio::any_completion_handler<void(Result<void>)> handler);
   void release() noexcept;

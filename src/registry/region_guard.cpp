@@ -7,6 +7,7 @@
 
 #include <boost/asio/bind_cancellation_slot.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <utility>
 
@@ -71,27 +72,36 @@ DeregisteredEvent RegionGuard::deregistered() const {
   return DeregisteredEvent(state_ ? state_->deregistered() : nullptr);
 }
 
+namespace {
+
+/// Whether `range` may move between `state`'s region and `remote`: both
+/// slices inside their regions, the remote region of this backend, and the
+/// region still admitting transfers (then one is begun: end it once done).
+Result<void> begin_checked_transfer(detail::RegionState& state, const RemoteRegion& remote,
+                                    const TransferRange& range) {
+  CORMA_TRY(validate_slice(range.local_offset, range.len, state.memory().size()));
+  CORMA_TRY(validate_slice(range.remote_offset, range.len, remote.len));
+  const auto& backend = state.backend();
+  if (remote.backend != backend->wire_id()) {
+    return fail(errc::invalid_key, "remote region belongs to backend " +
+                                       std::to_string(static_cast<unsigned>(remote.backend)) + ", not " +
+                                       std::string(backend->key()));
+  }
+  if (!state.begin_transfer()) return fail(errc::region_not_found, "region is being deregistered");
+  return success();
+}
+
+}  // namespace
+
 void RegionGuard::do_transfer(std::shared_ptr<detail::RegionState> state, bool is_put, PeerId peer,
                               RemoteRegion remote, TransferRange range,
                               asio::any_completion_handler<void(Result<void>)> handler) {
   VoidCompletion completion(std::move(handler));
   if (!state) return completion.post(fail(errc::region_not_found, "empty region guard"));
-  if (auto local = validate_slice(range.local_offset, range.len, state->memory().size()); !local) {
-    return completion.post(std::move(local).error());
-  }
-  if (auto far = validate_slice(range.remote_offset, range.len, remote.len); !far) {
-    return completion.post(std::move(far).error());
+  if (auto begun = begin_checked_transfer(*state, remote, range); !begun) {
+    return completion.post(std::move(begun).error());
   }
   const auto& backend = state->backend();
-  if (remote.backend != backend->wire_id()) {
-    return completion.post(fail(errc::invalid_key,
-                                "remote region belongs to backend " +
-                                    std::to_string(static_cast<unsigned>(remote.backend)) + ", not " +
-                                    std::string(backend->key())));
-  }
-  if (!state->begin_transfer()) {
-    return completion.post(fail(errc::region_not_found, "region is being deregistered"));
-  }
   TransferRequest request{peer, state->region().id, range.local_offset,
                           remote.addr + range.remote_offset, range.len, std::move(remote.packed_key)};
   auto slot = completion.cancellation_slot();
@@ -106,6 +116,59 @@ void RegionGuard::do_transfer(std::shared_ptr<detail::RegionState> state, bool i
   } else {
     backend->async_get(std::move(request), std::move(done));
   }
+}
+
+void RegionGuard::do_get_batch(PeerId peer, std::vector<BatchedGet> gets,
+                               asio::any_completion_handler<void(Result<BatchOutcome>)> handler) {
+  using BatchCompletion = Completion<void(Result<BatchOutcome>)>;
+  BatchCompletion completion(std::move(handler));
+  // Elements refused here answer for themselves; the rest go to the backend
+  // as one batch, whose indices `submitted` maps back.
+  std::vector<BatchFailure> refused;
+  std::vector<std::size_t> submitted;
+  std::vector<std::shared_ptr<detail::RegionState>> begun;
+  TransferBatch batch;
+  submitted.reserve(gets.size());
+  begun.reserve(gets.size());
+  batch.reserve(gets.size());
+  std::shared_ptr<RdmaBackend> backend;
+  for (std::size_t i = 0; i < gets.size(); ++i) {
+    auto& get = gets[i];
+    auto state = get.into != nullptr ? get.into->state_ : nullptr;
+    Result<void> admitted = fail(errc::region_not_found, "empty region guard");
+    if (state && backend && state->backend() != backend) {
+      admitted = fail(errc::region_not_found, "region of another backend than the batch's first");
+    } else if (state) {
+      admitted = begin_checked_transfer(*state, get.remote, get.range);
+    }
+    if (!admitted) {
+      refused.push_back(BatchFailure{i, std::move(admitted).error()});
+      continue;
+    }
+    backend = state->backend();
+    batch.push_back(TransferRequest{peer, state->region().id, get.range.local_offset,
+                                    get.remote.addr + get.range.remote_offset, get.range.len,
+                                    std::move(get.remote.packed_key), get.key});
+    submitted.push_back(i);
+    begun.push_back(std::move(state));
+  }
+  if (batch.empty()) return completion.post(BatchOutcome{gets.size(), std::move(refused)});
+  auto slot = completion.cancellation_slot();
+  auto done = asio::bind_cancellation_slot(
+      slot, [begun = std::move(begun), submitted = std::move(submitted), refused = std::move(refused),
+             size = gets.size(), completion = std::move(completion)](Result<BatchOutcome> outcome) mutable {
+        for (const auto& state : begun) state->end_transfer();
+        if (!outcome) return completion.dispatch(std::move(outcome).error());
+        // Back to the caller's indices, in order.
+        auto failures = std::move(refused);
+        for (auto& failure : outcome.value().failures) {
+          failures.push_back(BatchFailure{submitted[failure.index], std::move(failure.error)});
+        }
+        std::sort(failures.begin(), failures.end(),
+                  [](const BatchFailure& a, const BatchFailure& b) { return a.index < b.index; });
+        completion.dispatch(BatchOutcome{size, std::move(failures)});
+      });
+  backend->async_get_batch(std::move(batch), std::move(done));
 }
 
 void RegionGuard::do_deregister(const std::shared_ptr<detail::RegionState>& state,

@@ -2,13 +2,25 @@
 
 #include <boost/asio/use_awaitable.hpp>
 
+#include <algorithm>
+
 namespace corma::rendezvous {
 
-boost::asio::awaitable<HelloAnswer> answer_hello(RdmaBackend* backend, Hello hello) {
-  if (hello.version != protocol_version) {
+std::optional<std::uint16_t> negotiated_version(std::uint16_t offered) noexcept {
+  if (offered < oldest_protocol_version) return std::nullopt;
+  return std::min(offered, protocol_version);
+}
+
+boost::asio::awaitable<HelloAnswer> answer_hello(RdmaBackend* backend, Hello hello, std::uint16_t max_batch) {
+  const auto version = negotiated_version(hello.version);
+  if (!version) {
     co_return HelloAnswer{ErrorReply{static_cast<std::uint16_t>(errc::protocol), "unsupported protocol version"}, {}};
   }
   HelloOk answer;
+  answer.version = *version;
+  answer.max_batch = *version >= batch_protocol_version
+                         ? static_cast<std::uint16_t>(std::clamp<std::size_t>(max_batch, 1, max_batch_objects))
+                         : 0;
   std::optional<PeerId> peer;
   if (backend != nullptr && hello.backend != BackendId::none && hello.backend == backend->wire_id() &&
       !hello.peer_offer.empty()) {

@@ -20,9 +20,15 @@ struct HelloAnswer {
   std::optional<PeerId> peer;  ///< the backend's peer for this consumer, when its offer was taken
 };
 
+/// The version both sides speak: the consumer's, or this owner's when the
+/// consumer's is newer; nothing when it is older than any this owner serves.
+[[nodiscard]] std::optional<std::uint16_t> negotiated_version(std::uint16_t offered) noexcept;
+
 /// `backend` may be null (an owner without RDMA). An offer for another
 /// backend, or one the backend refuses, is answered as no offer: hello_ok
-/// naming no backend, and the consumer reads in chunks.
-[[nodiscard]] boost::asio::awaitable<HelloAnswer> answer_hello(RdmaBackend* backend, Hello hello);
+/// naming no backend, and the consumer reads in chunks. `max_batch` is the
+/// owner's batch limit, announced to version 2 consumers.
+[[nodiscard]] boost::asio::awaitable<HelloAnswer> answer_hello(RdmaBackend* backend, Hello hello,
+                                                               std::uint16_t max_batch);
 
 }  // namespace corma::rendezvous

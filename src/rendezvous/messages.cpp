@@ -2,6 +2,7 @@
 
 #include "wire/codec.hpp"
 
+#include <iterator>
 #include <string>
 #include <type_traits>
 
@@ -55,11 +56,16 @@ void put_payload(Writer& out, const HelloOk& m) {
   out.u32(checked_length<std::uint32_t>(m.peer_answer.size(), "peer answer"));
   out.bytes(m.peer_answer);
   out.u32(m.max_frame_body);
+  if (m.version >= batch_protocol_version) out.u16(m.max_batch);
+}
+
+void put_name(Writer& out, const std::string& name) {
+  out.u16(checked_length<std::uint16_t>(name.size(), "object name"));
+  out.text(name);
 }
 
 void put_payload(Writer& out, const Acquire& m) {
-  out.u16(checked_length<std::uint16_t>(m.name.size(), "object name"));
-  out.text(m.name);
+  put_name(out, m.name);
   out.u8(m.wants_rdma ? 1 : 0);
 }
 
@@ -110,6 +116,41 @@ void put_payload(Writer& out, const ErrorReply& m) {
   out.text(m.detail);
 }
 
+/// u16 count of a batch's elements (1..max_batch_objects: a caller bug otherwise).
+void put_batch_count(Writer& out, std::size_t count, const char* what) {
+  if (count == 0 || count > max_batch_objects) wire::throw_length_error(what, count);
+  out.u16(static_cast<std::uint16_t>(count));
+}
+
+void put_payload(Writer& out, const AcquireMany& m) {
+  put_batch_count(out, m.names.size(), "acquire_many names");
+  out.u8(m.wants_rdma ? 1 : 0);
+  for (const auto& name : m.names) put_name(out, name);
+}
+
+/// The message type each alternative of Grant travels as, in Grant's order.
+constexpr MessageType grant_types[] = {MessageType::rdma_grant, MessageType::chunked, MessageType::not_found,
+                                       MessageType::error};
+static_assert(std::size(grant_types) == std::variant_size_v<Grant>);
+
+void put_payload(Writer& out, const Granted& m) {
+  put_batch_count(out, m.grants.size(), "granted answers");
+  for (const auto& grant : m.grants) {
+    out.u8(static_cast<std::uint8_t>(grant_types[grant.index()]));
+    std::visit([&out](const auto& answer) { put_payload(out, answer); }, grant);
+  }
+}
+
+void put_payload(Writer& out, const ReleaseMany& m) {
+  put_batch_count(out, m.leases.size(), "release_many leases");
+  for (auto lease : m.leases) out.u64(lease);
+}
+
+void put_payload(Writer& out, const ReleasedMany& m) {
+  put_batch_count(out, m.codes.size(), "released_many codes");
+  for (auto code : m.codes) out.u16(code);
+}
+
 // ---- payload decoders --------------------------------------------------------
 
 Result<Hello> get_hello(Reader& in) {
@@ -134,21 +175,40 @@ Result<HelloOk> get_hello_ok(Reader& in) {
                                 " bytes but names no backend");
   }
   CORMA_TRY(m.max_frame_body, in.u32("hello_ok max frame body"));
+  m.max_batch = 0;  // not on the wire before version 2
+  if (m.version >= batch_protocol_version) {
+    CORMA_TRY(m.max_batch, in.u16("hello_ok max batch"));
+    if (m.max_batch == 0 || m.max_batch > max_batch_objects) {
+      return fail(errc::protocol, "hello_ok max batch " + std::to_string(m.max_batch) + " is outside 1.." +
+                                  std::to_string(max_batch_objects));
+    }
+  }
   return m;
+}
+
+/// u16 length + a non-empty object name of at most max_name_length bytes.
+Result<std::string> get_name(Reader& in, std::string_view message) {
+  const std::string field = std::string(message) + " name";
+  CORMA_TRY(auto name_len, in.u16(field + " length"));
+  if (name_len == 0) return fail(errc::protocol, std::string(message) + " with an empty object name");
+  if (name_len > max_name_length) {
+    return fail(errc::protocol, std::string(message) + " object name of " + std::to_string(name_len) +
+                                " bytes exceeds " + std::to_string(max_name_length));
+  }
+  return in.text(name_len, field);
+}
+
+/// u8 0 or 1.
+Result<bool> get_flag(Reader& in, std::string_view field) {
+  CORMA_TRY(auto value, in.u8(field));
+  if (value > 1) return fail(errc::protocol, std::string(field) + " is " + std::to_string(value) + ", not 0 or 1");
+  return value == 1;
 }
 
 Result<Acquire> get_acquire(Reader& in) {
   Acquire m;
-  CORMA_TRY(auto name_len, in.u16("acquire name length"));
-  if (name_len == 0) return fail(errc::protocol, "acquire with an empty object name");
-  if (name_len > max_name_length) {
-    return fail(errc::protocol, "acquire object name of " + std::to_string(name_len) + " bytes exceeds " +
-                                std::to_string(max_name_length));
-  }
-  CORMA_TRY(m.name, in.text(name_len, "acquire name"));
-  CORMA_TRY(auto wants, in.u8("acquire wants_rdma"));
-  if (wants > 1) return fail(errc::protocol, "acquire wants_rdma is " + std::to_string(wants) + ", not 0 or 1");
-  m.wants_rdma = wants == 1;
+  CORMA_TRY(m.name, get_name(in, "acquire"));
+  CORMA_TRY(m.wants_rdma, get_flag(in, "acquire wants_rdma"));
   return m;
 }
 
@@ -234,6 +294,81 @@ Result<ErrorReply> get_error(Reader& in) {
   return m;
 }
 
+/// u16 count of a batch's elements, 1..max_batch_objects.
+Result<std::size_t> get_batch_count(Reader& in, std::string_view message) {
+  CORMA_TRY(auto count, in.u16(std::string(message) + " count"));
+  if (count == 0 || count > max_batch_objects) {
+    return fail(errc::protocol, std::string(message) + " of " + std::to_string(count) + " elements is outside 1.." +
+                                std::to_string(max_batch_objects));
+  }
+  return static_cast<std::size_t>(count);
+}
+
+Result<AcquireMany> get_acquire_many(Reader& in) {
+  AcquireMany m;
+  CORMA_TRY(auto count, get_batch_count(in, "acquire_many"));
+  CORMA_TRY(m.wants_rdma, get_flag(in, "acquire_many wants_rdma"));
+  m.names.reserve(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    CORMA_TRY(auto name, get_name(in, "acquire_many"));
+    m.names.push_back(std::move(name));
+  }
+  return m;
+}
+
+Result<Grant> get_grant(Reader& in) {
+  CORMA_TRY(auto type, in.u8("granted answer type"));
+  switch (static_cast<MessageType>(type)) {
+    case MessageType::rdma_grant: {
+      CORMA_TRY(auto grant, get_rdma_grant(in));
+      return Grant{std::move(grant)};
+    }
+    case MessageType::chunked: {
+      CORMA_TRY(auto chunked, get_chunked(in));
+      return Grant{chunked};
+    }
+    case MessageType::not_found: return Grant{NotFound{}};
+    case MessageType::error: {
+      CORMA_TRY(auto error, get_error(in));
+      return Grant{std::move(error)};
+    }
+    default: return fail(errc::protocol, "granted answer of type " + std::to_string(type) + " is not an acquire answer");
+  }
+}
+
+Result<Granted> get_granted(Reader& in) {
+  Granted m;
+  CORMA_TRY(auto count, get_batch_count(in, "granted"));
+  m.grants.reserve(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    CORMA_TRY(auto grant, get_grant(in));
+    m.grants.push_back(std::move(grant));
+  }
+  return m;
+}
+
+Result<ReleaseMany> get_release_many(Reader& in) {
+  ReleaseMany m;
+  CORMA_TRY(auto count, get_batch_count(in, "release_many"));
+  m.leases.reserve(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    CORMA_TRY(auto lease, in.u64("release_many lease"));
+    m.leases.push_back(lease);
+  }
+  return m;
+}
+
+Result<ReleasedMany> get_released_many(Reader& in) {
+  ReleasedMany m;
+  CORMA_TRY(auto count, get_batch_count(in, "released_many"));
+  m.codes.reserve(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    CORMA_TRY(auto code, in.u16("released_many code"));
+    m.codes.push_back(code);
+  }
+  return m;
+}
+
 /// Decodes one payload of type T and widens it to a Message.
 template <class T>
 Result<Message> widen(Result<T> decoded) {
@@ -256,13 +391,17 @@ Result<Message> get_payload(MessageType type, Reader& in) {
     case MessageType::release: return widen(get_release(in));
     case MessageType::released: return Message{Released{}};
     case MessageType::error: return widen(get_error(in));
+    case MessageType::acquire_many: return widen(get_acquire_many(in));
+    case MessageType::granted: return widen(get_granted(in));
+    case MessageType::release_many: return widen(get_release_many(in));
+    case MessageType::released_many: return widen(get_released_many(in));
   }
   return fail(errc::protocol, "unknown message type " + std::to_string(static_cast<unsigned>(type)));
 }
 
 bool known_type(std::uint8_t value) noexcept {
   return value >= static_cast<std::uint8_t>(MessageType::hello) &&
-         value <= static_cast<std::uint8_t>(MessageType::error);
+         value <= static_cast<std::uint8_t>(MessageType::released_many);
 }
 
 std::string_view type_name(MessageType type) noexcept {
@@ -280,6 +419,10 @@ std::string_view type_name(MessageType type) noexcept {
     case MessageType::release: return "release";
     case MessageType::released: return "released";
     case MessageType::error: return "error";
+    case MessageType::acquire_many: return "acquire_many";
+    case MessageType::granted: return "granted";
+    case MessageType::release_many: return "release_many";
+    case MessageType::released_many: return "released_many";
   }
   return "unknown";
 }
@@ -314,6 +457,10 @@ MessageType type_of(const Message& message) noexcept {
                         [](const Release&) { return MessageType::release; },
                         [](const Released&) { return MessageType::released; },
                         [](const ErrorReply&) { return MessageType::error; },
+                        [](const AcquireMany&) { return MessageType::acquire_many; },
+                        [](const Granted&) { return MessageType::granted; },
+                        [](const ReleaseMany&) { return MessageType::release_many; },
+                        [](const ReleasedMany&) { return MessageType::released_many; },
                     },
                     message);
 }

@@ -15,7 +15,13 @@
 
 namespace corma::rendezvous {
 
-inline constexpr std::uint16_t protocol_version = 1;
+/// The version a consumer offers and an owner speaks; an owner also
+/// serves consumers of every version from oldest_protocol_version on.
+inline constexpr std::uint16_t protocol_version = 2;
+inline constexpr std::uint16_t oldest_protocol_version = 1;
+/// Version 2 adds the batch frames (acquire_many, granted, release_many,
+/// released_many) and hello_ok's max_batch.
+inline constexpr std::uint16_t batch_protocol_version = 2;
 /// u32 body length, u8 type, u8 reserved, u16 reserved, u64 request id.
 inline constexpr std::size_t frame_header_size = 16;
 /// Bytes after the length prefix of the fixed header.
@@ -24,6 +30,9 @@ inline constexpr std::size_t frame_fixed_body = frame_header_size - 4;
 inline constexpr std::size_t max_name_length = 4096;
 /// Detail text in error replies; longer ones are refused.
 inline constexpr std::size_t max_detail_length = 1024;
+/// Objects one batch frame may name; the codec refuses more. An owner
+/// announces its own, smaller or equal, limit in hello_ok.
+inline constexpr std::size_t max_batch_objects = 1024;
 /// The largest frame body either side accepts unless configured otherwise:
 /// a 1 MiB data chunk plus its headers.
 inline constexpr std::uint32_t default_max_frame_body = (1u << 20) + 64;
@@ -42,6 +51,10 @@ enum class MessageType : std::uint8_t {
   release = 11,
   released = 12,
   error = 13,
+  acquire_many = 14,
+  granted = 15,
+  release_many = 16,
+  released_many = 17,
 };
 
 /// Why an owner answered `chunked` instead of granting RDMA.
@@ -69,6 +82,9 @@ struct HelloOk {
   BackendId backend{};                 ///< the backend both sides now share, if any
   std::vector<std::byte> peer_answer;
   std::uint32_t max_frame_body = default_max_frame_body;
+  /// Version 2 on: the most objects one acquire_many or release_many may
+  /// name (1..max_batch_objects). Not on the wire in version 1 (0 there).
+  std::uint16_t max_batch = 64;
 };
 struct Acquire {
   std::string name;
@@ -112,8 +128,38 @@ struct ErrorReply {
   std::string detail;
 };
 
+/// Version 2: many objects in one request. The owner answers `granted`,
+/// one answer per name in the same order.
+struct AcquireMany {
+  std::vector<std::string> names;  ///< 1..max_batch_objects, each as in Acquire
+  bool wants_rdma = false;
+};
+/// One object's answer in `granted`: what `acquire` would have answered.
+using Grant = std::variant<RdmaGrant, Chunked, NotFound, ErrorReply>;
+struct Granted {
+  std::vector<Grant> grants;
+};
+/// Version 2: ends many leases in one request; answered `released_many`.
+struct ReleaseMany {
+  std::vector<std::uint64_t> leases;  ///< 1..max_batch_objects
+};
+/// One code per lease, in order: 0 when it was released, else the corma::errc
+/// a single release would have failed with (object_changed), or
+/// region_not_found for a lease this connection does not hold.
+struct ReleasedMany {
+  std::vector<std::uint16_t> codes;
+};
+
+/// The largest encoding of one answer in `granted` (a grant with the
+/// largest descriptor), and so the most answers a `granted` frame of
+/// default_max_frame_body always holds: an owner never announces more.
+inline constexpr std::size_t max_grant_size = 1 + 8 + 8 + 4 + 4 + Descriptor::header_size + max_packed_key_size;
+inline constexpr std::size_t max_grants_per_frame = (default_max_frame_body - frame_fixed_body - 2) / max_grant_size;
+static_assert(max_grants_per_frame >= 64 && max_grants_per_frame <= max_batch_objects);
+
 using Message = std::variant<Hello, HelloOk, Acquire, RdmaGrant, Chunked, NotFound, Pull, Data, Renew,
-                             Renewed, Release, Released, ErrorReply>;
+                             Renewed, Release, Released, ErrorReply, AcquireMany, Granted, ReleaseMany,
+                             ReleasedMany>;
 
 struct Frame {
   std::uint64_t request_id = 0;

@@ -90,8 +90,10 @@ struct Owner::State : std::enable_shared_from_this<State> {
   std::vector<std::shared_ptr<Export>> retired;
   std::map<std::string, std::weak_ptr<Export>, std::less<>> exports;
   /// Published objects kept registered between leases (config.cache_exports),
-  /// least recently used first.
-  std::list<std::pair<std::string, std::shared_ptr<Export>>> cached_exports;
+  /// least recently used first, and where each name is in that list.
+  using CachedExports = std::list<std::pair<std::string, std::shared_ptr<Export>>>;
+  CachedExports cached_exports;
+  std::unordered_map<std::string, CachedExports::iterator> cached_by_name;
   std::set<std::shared_ptr<FramedConnection>> connections;
   std::uint64_t next_lease = 1;
   std::uint64_t next_session = 1;
@@ -141,17 +143,28 @@ struct Owner::State : std::enable_shared_from_this<State> {
 
   void refresh(Lease& lease) { lease.deadline = clock_type::now() + config.lease_timeout; }
 
-  std::shared_ptr<Export> cached_export(std::string_view name) {
-    for (auto it = cached_exports.begin(); it != cached_exports.end(); ++it) {
-      if (it->first != name) continue;
-      cached_exports.splice(cached_exports.end(), cached_exports, it);  // most recently used last
-      return it->second;
-    }
-    return nullptr;
+  std::shared_ptr<Export> cached_export(const std::string& name) {
+    auto found = cached_by_name.find(name);
+    if (found == cached_by_name.end()) return nullptr;
+    cached_exports.splice(cached_exports.end(), cached_exports, found->second);  // most recently used last
+    return found->second->second;
   }
 
-  void forget_cached_export(std::string_view name) {
-    cached_exports.remove_if([name](const auto& entry) { return entry.first == name; });
+  void cache_export(const std::string& name, std::shared_ptr<Export> exported) {
+    cached_exports.emplace_back(name, std::move(exported));
+    cached_by_name[name] = std::prev(cached_exports.end());
+  }
+
+  void forget_cached_export(const std::string& name) {
+    auto found = cached_by_name.find(name);
+    if (found == cached_by_name.end()) return;
+    cached_exports.erase(found->second);
+    cached_by_name.erase(found);
+  }
+
+  void forget_cached_exports() {
+    cached_exports.clear();
+    cached_by_name.clear();
   }
 
   /// Deregisters cached exports that no lease is reading; true if any went.
@@ -161,6 +174,7 @@ struct Owner::State : std::enable_shared_from_this<State> {
     for (auto it = cached_exports.begin(); it != cached_exports.end();) {
       if (it->second.use_count() == 1) {
         idle.push_back(std::move(it->second));
+        cached_by_name.erase(it->first);
         it = cached_exports.erase(it);
       } else {
         ++it;
@@ -190,11 +204,11 @@ struct Owner::State : std::enable_shared_from_this<State> {
     auto exported = std::make_shared<Export>(std::move(guard).value(), encode(descriptor), object.keepalive);
     ++stats.exports_registered;
     exports[name] = exported;
-    if (cacheable && config.cache_exports) cached_exports.emplace_back(name, exported);
+    if (cacheable && config.cache_exports) cache_export(name, exported);
     co_return exported;
   }
 
-  asio::awaitable<Message> acquire(std::uint64_t session, bool rdma_peer, Acquire request) {
+  asio::awaitable<Grant> acquire(std::uint64_t session, bool rdma_peer, Acquire request) {
     auto object = find(request.name);
     if (!object) {
       if (object.error().is(errc::region_not_found)) {
@@ -301,21 +315,82 @@ struct Owner::State : std::enable_shared_from_this<State> {
     session_leases.erase(owned);
   }
 
-  asio::awaitable<std::optional<PeerId>> handshake(FramedConnection& connection, bool& ok) {
-    ok = false;
+  /// What a finished hello leaves a session with.
+  struct Greeting {
+    bool ok = false;                  ///< hello_ok was sent: serve the connection
+    std::optional<PeerId> peer;       ///< the consumer's RDMA peer, when its offer was taken
+    std::uint16_t version = 0;        ///< the protocol version both sides speak
+  };
+
+  std::uint16_t announced_batch() const {
+    return static_cast<std::uint16_t>(std::clamp<std::size_t>(config.max_batch_objects, 1, max_grants_per_frame));
+  }
+
+  asio::awaitable<Greeting> handshake(FramedConnection& connection) {
+    Greeting greeting;
     auto first = co_await connection.read(config.io_timeout, config.io_timeout);
     if (!first || !std::holds_alternative<Hello>(first.value().message)) {
       ++stats.refused_requests;
-      co_return std::nullopt;
+      co_return greeting;
     }
     auto answered = co_await answer_hello(registry ? registry->backend().get() : nullptr,
-                                          std::move(std::get<Hello>(first.value().message)));
+                                          std::move(std::get<Hello>(first.value().message)), announced_batch());
     // A refused hello (an unsupported version) is a refused request.
-    if (!std::holds_alternative<HelloOk>(answered.reply)) ++stats.refused_requests;
+    auto* ok = std::get_if<HelloOk>(&answered.reply);
+    if (ok == nullptr) ++stats.refused_requests;
+    greeting.version = ok != nullptr ? ok->version : 0;
+    greeting.peer = answered.peer;
     Frame reply{first.value().request_id, std::move(answered.reply)};
     const bool written = static_cast<bool>(co_await connection.write(reply, config.io_timeout));
-    ok = written && std::holds_alternative<HelloOk>(reply.message);
-    co_return answered.peer;
+    greeting.ok = written && ok != nullptr;
+    co_return greeting;
+  }
+
+  /// Counts a batch request of `size` elements, or refuses it when it is
+  /// over the limit announced in the hello.
+  std::optional<ErrorReply> admit_batch(std::size_t size) {
+    if (size > announced_batch()) {
+      ++stats.refused_requests;
+      return error_reply(Error{errc::budget_exceeded, "a batch of " + std::to_string(size) +
+                                                          " elements exceeds this owner's limit of " +
+                                                          std::to_string(announced_batch())});
+    }
+    ++stats.batch_requests;
+    return std::nullopt;
+  }
+
+  /// Acquires every name of a batch, each answered as a single acquire
+  /// would be. A batch over the limit announced in the hello is refused
+  /// whole, before any name is looked at.
+  asio::awaitable<Message> acquire_many(std::uint64_t session, bool rdma_peer, AcquireMany request) {
+    if (auto refused = admit_batch(request.names.size())) co_return std::move(*refused);
+    Granted granted;
+    granted.grants.reserve(request.names.size());
+    for (auto& name : request.names) {
+      // Named, not a temporary inside the co_await: g++ 12 destroys those twice.
+      Acquire single{std::move(name), request.wants_rdma};
+      granted.grants.push_back(co_await acquire(session, rdma_peer, std::move(single)));
+    }
+    co_return granted;
+  }
+
+  /// Ends every lease of a batch, each answered as a single release would
+  /// be; a lease this connection does not hold is named, and left alone.
+  Message release_many(std::uint64_t session, const ReleaseMany& request) {
+    if (auto refused = admit_batch(request.leases.size())) return std::move(*refused);
+    ReleasedMany released;
+    released.codes.reserve(request.leases.size());
+    for (auto lease : request.leases) {
+      if (lease_of(session, lease) == nullptr) {
+        ++stats.refused_requests;
+        released.codes.push_back(static_cast<std::uint16_t>(errc::region_not_found));
+        continue;
+      }
+      auto answer = release(session, Release{lease});
+      const auto* error = std::get_if<ErrorReply>(&answer);
+      released.codes.push_back(error != nullptr ? error->code : 0);
+    }
+    return released;
   }
 
   asio::awaitable<void> session(asio::ip::tcp::socket socket) {
@@ -324,11 +399,12 @@ struct Owner::State : std::enable_shared_from_this<State> {
     connections.insert(connection);
     ++stats.connections;
     const std::uint64_t session_id = next_session++;
-    bool ok = false;
     ++handshakes;
-    const auto peer = co_await handshake(*connection, ok);
+    const auto greeting = co_await handshake(*connection);
     --handshakes;
-    for (std::uint64_t served = 1; ok && connection->is_open(); ++served) {
+    const auto& peer = greeting.peer;
+    const bool batches = greeting.version >= batch_protocol_version;
+    for (std::uint64_t served = 1; greeting.ok && connection->is_open(); ++served) {
       // Frames already buffered are read without suspending: give the other
       // connections their turn now and then, so that one client streaming
       // requests cannot hold the owner.
@@ -342,7 +418,8 @@ struct Owner::State : std::enable_shared_from_this<State> {
       bool hostile = false;
       auto& message = frame.value().message;
       if (auto* acquire_request = std::get_if<Acquire>(&message)) {
-        reply = co_await acquire(session_id, peer.has_value(), std::move(*acquire_request));
+        auto grant = co_await acquire(session_id, peer.has_value(), std::move(*acquire_request));
+        reply = std::visit([](auto&& answer) { return Message{std::move(answer)}; }, std::move(grant));
       } else if (auto* pull_request = std::get_if<Pull>(&message)) {
         auto slice = pull(session_id, *pull_request);
         if (slice) {
@@ -357,6 +434,13 @@ struct Owner::State : std::enable_shared_from_this<State> {
         reply = renew(session_id, *renew_request);
       } else if (auto* release_request = std::get_if<Release>(&message)) {
         reply = release(session_id, *release_request);
+      } else if (auto* many = std::get_if<AcquireMany>(&message); many != nullptr && batches) {
+        reply = co_await acquire_many(session_id, peer.has_value(), std::move(*many));
+      } else if (auto* to_release = std::get_if<ReleaseMany>(&message); to_release != nullptr && batches) {
+        reply = release_many(session_id, *to_release);
+      } else if (std::holds_alternative<AcquireMany>(message) || std::holds_alternative<ReleaseMany>(message)) {
+        ++stats.refused_requests;  // a version 1 session: answered, the connection kept
+        reply = ErrorReply{static_cast<std::uint16_t>(errc::protocol), "batch requests need protocol version 2"};
       } else {
         hostile = true;  // a consumer never sends owner messages
         ++stats.refused_requests;
@@ -449,7 +533,7 @@ void Owner::stop() {
   for (auto& [name, exported] : state.cached_exports) state.retired.push_back(std::move(exported));
   state.leases.clear();
   state.session_leases.clear();
-  state.cached_exports.clear();
+  state.forget_cached_exports();
 }
 
 OwnerStats Owner::stats() const {

@@ -57,6 +57,13 @@ std::vector<Frame> samples() {
       {17, rv::Released{}},
       {18, rv::ErrorReply{static_cast<std::uint16_t>(errc::shutting_down), "owner is draining"}},
       {std::numeric_limits<std::uint64_t>::max(), rv::ErrorReply{0, ""}},
+      {19, rv::HelloOk{1, BackendId::none, {}, 4096, 0}},
+      {20, rv::AcquireMany{{"a", "b/c", std::string(300, 'x')}, true}},
+      {21, rv::Granted{{rv::RdmaGrant{11, 1 << 20, 30000, descriptor_bytes()},
+                        rv::Chunked{12, 999, 65536, 15000, rv::ChunkedReason::budget}, rv::NotFound{},
+                        rv::ErrorReply{static_cast<std::uint16_t>(errc::budget_exceeded), "too many leases"}}}},
+      {22, rv::ReleaseMany{{1, 2, std::numeric_limits<std::uint64_t>::max()}}},
+      {23, rv::ReleasedMany{{0, static_cast<std::uint16_t>(errc::object_changed), 0xffff}}},
   };
 }
 
@@ -138,7 +145,12 @@ TEST(FrameLayout, ADataHeadFollowedByItsBytesIsTheDataFrame) {
 TEST(FrameLayout, PayloadSizes) {
   auto payload = [](const Message& m) { return rv::encode_frame({0, m}).size() - rv::frame_header_size; };
   EXPECT_EQ(payload(rv::Hello{rv::protocol_version, BackendId{3}, blob(5)}), 2U + 1U + 4U + 5U);
-  EXPECT_EQ(payload(rv::HelloOk{rv::protocol_version, BackendId{3}, blob(5), 1}), 2U + 1U + 4U + 5U + 4U);
+  EXPECT_EQ(payload(rv::HelloOk{2, BackendId{3}, blob(5), 1, 64}), 2U + 1U + 4U + 5U + 4U + 2U);
+  EXPECT_EQ(payload(rv::HelloOk{1, BackendId{3}, blob(5), 1, 0}), 2U + 1U + 4U + 5U + 4U) << "no max_batch in v1";
+  EXPECT_EQ(payload(rv::AcquireMany{{"ab", "c"}, true}), 2U + 1U + (2U + 2U) + (2U + 1U));
+  EXPECT_EQ(payload(rv::Granted{{rv::NotFound{}, rv::Chunked{}}}), 2U + 1U + (1U + 25U));
+  EXPECT_EQ(payload(rv::ReleaseMany{{1, 2, 3}}), 2U + 3U * 8U);
+  EXPECT_EQ(payload(rv::ReleasedMany{{0, 1}}), 2U + 2U * 2U);
   EXPECT_EQ(payload(rv::Acquire{"abc", true}), 2U + 3U + 1U);
   EXPECT_EQ(payload(rv::RdmaGrant{1, 2, 3, blob(9)}), 8U + 8U + 4U + 4U + 9U);
   EXPECT_EQ(payload(rv::Chunked{}), 8U + 8U + 4U + 4U + 1U);
@@ -186,7 +198,7 @@ TEST(FrameLayout, ChunkedReasonNames) {
 // ---- round trips -------------------------------------------------------------------
 
 TEST(FrameRoundTrip, EveryMessageType) {
-  std::vector<bool> seen(14, false);
+  std::vector<bool> seen(18, false);
   for (const auto& frame : samples()) {
     EXPECT_TRUE(round_trips(frame)) << "request " << frame.request_id;
     seen.at(static_cast<std::size_t>(rv::type_of(frame.message))) = true;
@@ -210,6 +222,101 @@ TEST(FrameRoundTrip, LargestFields) {
   EXPECT_TRUE(round_trips({7, rv::Data{1, blob(1 << 20)}}));
   EXPECT_TRUE(round_trips({8, rv::ErrorReply{std::numeric_limits<std::uint16_t>::max(),
                                              std::string(rv::max_detail_length, 'd')}}));
+  EXPECT_TRUE(round_trips({9, rv::AcquireMany{std::vector<std::string>(rv::max_batch_objects, "n"), false}}));
+  EXPECT_TRUE(round_trips({10, rv::ReleaseMany{std::vector<std::uint64_t>(rv::max_batch_objects, 7)}}));
+  EXPECT_TRUE(round_trips({11, rv::ReleasedMany{std::vector<std::uint16_t>(rv::max_batch_objects, 9)}}));
+  // The most grants an owner may announce, each with the largest
+  // descriptor, fit one frame of the default maximum.
+  rv::Granted granted;
+  for (std::size_t i = 0; i < rv::max_grants_per_frame; ++i) {
+    granted.grants.push_back(rv::RdmaGrant{i, 1, 2, descriptor_bytes(corma::max_packed_key_size)});
+  }
+  EXPECT_TRUE(round_trips({12, granted}));
+  EXPECT_LE(rv::encode_frame({12, granted}).size() - 4, rv::default_max_frame_body);
+}
+
+// ---- version 2: hello_ok's batch limit and the batch frames ------------------------
+
+TEST(FrameRefusal, HelloOkBatchLimitOutsideItsBounds) {
+  for (std::uint64_t limit : {std::uint64_t{0}, std::uint64_t{rv::max_batch_objects + 1}, std::uint64_t{0xffff}}) {
+    auto body = body_of({1, rv::HelloOk{2, BackendId::none, {}, 100, 64}});
+    put_le(body, body.size() - 2, limit, 2);
+    EXPECT_TRUE(refused(body)) << limit;
+  }
+}
+
+TEST(FrameDecoding, AVersionOneHelloOkCarriesNoBatchLimit) {
+  auto body = body_of({1, rv::HelloOk{1, BackendId::none, {}, 100, 0}});
+  auto frame = rv::decode_frame_body(body);
+  ASSERT_TRUE(frame) << frame.error().message();
+  EXPECT_EQ(std::get<rv::HelloOk>(frame.value().message).max_batch, 0U);
+  append_le(body, 64, 2);
+  EXPECT_TRUE(refused(body)) << "a batch limit after a version 1 hello_ok is trailing bytes";
+}
+
+TEST(FrameRefusal, BatchCountsOutsideTheirBounds) {
+  for (auto type : {MessageType::acquire_many, MessageType::granted, MessageType::release_many,
+                    MessageType::released_many}) {
+    for (std::uint64_t count : {std::uint64_t{0}, std::uint64_t{rv::max_batch_objects + 1}, std::uint64_t{0xffff}}) {
+      auto body = header(static_cast<std::uint8_t>(type));
+      append_le(body, count, 2);
+      EXPECT_TRUE(refused(body)) << "type " << int(type) << " count " << count;
+    }
+  }
+}
+
+TEST(FrameRefusal, BatchCountsLongerThanTheirElements) {
+  // A count that promises one element more than follows.
+  auto acquire = body_of({1, rv::AcquireMany{{"a", "b"}, true}});
+  put_le(acquire, payload_at, 3, 2);
+  EXPECT_TRUE(refused(acquire));
+  auto release = body_of({1, rv::ReleaseMany{{1, 2}}});
+  put_le(release, payload_at, 3, 2);
+  EXPECT_TRUE(refused(release));
+  auto released = body_of({1, rv::ReleasedMany{{0, 0}}});
+  put_le(released, payload_at, 3, 2);
+  EXPECT_TRUE(refused(released));
+  auto granted = body_of({1, rv::Granted{{rv::NotFound{}, rv::NotFound{}}}});
+  put_le(granted, payload_at, 3, 2);
+  EXPECT_TRUE(refused(granted));
+}
+
+TEST(FrameRefusal, AcquireManyNamesFollowTheAcquireRules) {
+  auto empty = header(static_cast<std::uint8_t>(MessageType::acquire_many));
+  append_le(empty, 1, 2);
+  append_le(empty, 1, 1);
+  append_le(empty, 0, 2);  // an empty name
+  EXPECT_TRUE(refused(empty));
+  auto long_name = header(static_cast<std::uint8_t>(MessageType::acquire_many));
+  append_le(long_name, 1, 2);
+  append_le(long_name, 1, 1);
+  append_le(long_name, rv::max_name_length + 1, 2);
+  long_name.insert(long_name.end(), rv::max_name_length + 1, std::byte{'n'});
+  EXPECT_TRUE(refused(long_name));
+  auto not_a_bool = body_of({1, rv::AcquireMany{{"a"}, true}});
+  put_le(not_a_bool, payload_at + 2, 2, 1);
+  EXPECT_TRUE(refused(not_a_bool));
+}
+
+TEST(FrameRefusal, GrantedCarriesOnlyAcquireAnswers) {
+  for (auto type : {MessageType::hello, MessageType::hello_ok, MessageType::acquire, MessageType::pull,
+                    MessageType::data, MessageType::renew, MessageType::renewed, MessageType::release,
+                    MessageType::released, MessageType::acquire_many, MessageType::granted,
+                    MessageType::release_many, MessageType::released_many}) {
+    auto body = body_of({1, rv::Granted{{rv::NotFound{}}}});
+    put_le(body, payload_at + 2, static_cast<std::uint8_t>(type), 1);
+    EXPECT_TRUE(refused(body)) << "type " << int(type);
+  }
+  // Each answer is checked as its own message would be.
+  auto zero_chunk = body_of({1, rv::Granted{{rv::Chunked{1, 2, 3, 4, rv::ChunkedReason::budget}}}});
+  put_le(zero_chunk, payload_at + 2 + 1 + 16, 0, 4);
+  EXPECT_TRUE(refused(zero_chunk));
+}
+
+TEST(FrameEncode, BatchesOutsideTheirBoundsThrow) {
+  EXPECT_THROW((void)rv::encode_frame({1, rv::AcquireMany{{}, true}}), std::length_error);
+  EXPECT_THROW((void)rv::encode_frame({1, rv::ReleaseMany{std::vector<std::uint64_t>(rv::max_batch_objects + 1)}}),
+               std::length_error);
 }
 
 TEST(FrameRoundTrip, EveryChunkedReason) {

@@ -158,9 +158,9 @@ TEST_F(Rendezvous, ForgedRenewsAndUnsupportedVersionsAreCountedAsRefused) {
     EXPECT_EQ(owner->stats().refused_requests, before + 2);
     // A hello in a protocol version this owner does not speak.
     auto c = co_await RawClient::connect(acceptor.local_endpoint());
-    rv::Hello newer;
-    newer.version = static_cast<std::uint16_t>(rv::protocol_version + 1);
-    auto hello = message(std::move(newer));
+    rv::Hello older;
+    older.version = rv::oldest_protocol_version - 1;
+    auto hello = message(std::move(older));
     EXPECT_TRUE(is_error(co_await c.ask(std::move(hello)), errc::protocol));
     EXPECT_EQ(owner->stats().refused_requests, before + 3);
   }());

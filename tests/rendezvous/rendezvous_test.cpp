@@ -112,11 +112,11 @@ TEST_F(Rendezvous, RenewCarriesASlowTransferPastSeveralDeadlines) {
 }
 
 
-TEST_F(Rendezvous, AnotherProtocolVersionIsRefusedAndTheConnectionEnds) {
+TEST_F(Rendezvous, AnOlderProtocolVersionIsRefusedAndTheConnectionEnds) {
   start_owner();
   corma::testing::run(io, [&]() -> asio::awaitable<void> {
     auto client = co_await RawClient::connect(acceptor.local_endpoint());
-    auto request1 = message(rv::Hello{rv::protocol_version + 1, {}, {}});
+    auto request1 = message(rv::Hello{rv::oldest_protocol_version - 1, {}, {}});
     EXPECT_TRUE(is_error(co_await client.ask(std::move(request1)), errc::protocol));
     auto request2 = message(rv::Acquire{"small", false});
     EXPECT_FALSE(co_await client.ask(std::move(request2))) << "the connection stays open";

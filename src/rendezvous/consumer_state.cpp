@@ -1,0 +1,434 @@
+#include "consumer_state.hpp"
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <deque>
+
+namespace corma {
+
+namespace asio = boost::asio;
+using namespace rendezvous;
+using namespace asio::experimental::awaitable_operators;
+
+namespace {
+
+constexpr auto as_result = asio::as_tuple(asio::use_awaitable);
+
+/// Runs `work` to its end, deaf to the caller's cancellation.
+template <class T>
+asio::awaitable<T> to_its_end(asio::any_io_executor executor, asio::awaitable<T> work) {
+  auto done = co_await asio::co_spawn(executor, detail::without_throwing(std::move(work)),
+                                      asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable));
+  co_return std::move(*done);
+}
+
+}  // namespace
+
+namespace rendezvous {
+
+Error from_reply(const ErrorReply& reply) {
+  return Error{std::error_code(reply.code, error_category()), "owner: " + reply.detail};
+}
+
+Error fetch_cancelled(std::string_view when) { return Error{errc::cancelled, "fetch cancelled " + std::string(when)}; }
+
+asio::awaitable<bool> cancelled_here() {
+  auto state = co_await asio::this_coro::cancellation_state;
+  co_return state.cancelled() != asio::cancellation_type::none;
+}
+
+}  // namespace rendezvous
+
+ChunkSink copy_into(std::span<std::byte> memory) {
+  return [memory](std::uint64_t offset, std::span<const std::byte> bytes) -> Result<void> {
+    std::memcpy(memory.data() + offset, bytes.data(), bytes.size());
+    return success();
+  };
+}
+
+Consumer::State::Destination registered_destination(RegionGuard& region, std::uint64_t offset,
+                                                    std::uint64_t capacity) {
+  return {[&region, offset, capacity](std::uint64_t size) -> Result<std::span<std::byte>> {
+            if (!region) return fail(errc::region_not_found, "destination is not registered");
+            if (size > capacity) {
+              return fail(errc::out_of_range, "object of " + std::to_string(size) + " bytes does not fit its " +
+                                                  std::to_string(capacity) + "-byte destination");
+            }
+            return region.bytes().subspan(offset, size);
+          },
+          &region,
+          offset,
+          nullptr,
+          nullptr};
+}
+
+Result<void> check_name(std::string_view name) {
+  if (name.empty() || name.size() > max_name_length) {
+    return fail(errc::out_of_range, "object name of " + std::to_string(name.size()) + " bytes is outside 1.." +
+                                        std::to_string(max_name_length));
+  }
+  return success();
+}
+
+Consumer::State::State(asio::any_io_executor ex, std::shared_ptr<Registry> r, ConsumerConfig c)
+    : executor(ex), registry(std::move(r)), config(std::move(c)), turn(ex, 1) {
+  turn.try_send(boost::system::error_code{});
+}
+
+// ---- requests -------------------------------------------------------------------
+
+asio::awaitable<Result<Message>> Consumer::State::request(Message message) {
+  CORMA_CO_TRY(const auto id, co_await send(std::move(message)));
+  co_return co_await answer_to(id);
+}
+
+asio::awaitable<Result<std::uint64_t>> Consumer::State::send(Message message) {
+  co_return co_await to_its_end(executor, write_request(std::move(message)));
+}
+
+asio::awaitable<Result<Message>> Consumer::State::answer_to(std::uint64_t id) {
+  co_return co_await to_its_end(executor, read_answer(id));
+}
+
+asio::awaitable<Result<std::uint64_t>> Consumer::State::write_request(Message message) {
+  if (!connection || !connection->is_open()) co_return fail(errc::peer_unreachable, "connection to the owner is closed");
+  const std::uint64_t id = next_request++;
+  Frame frame{id, std::move(message)};
+  if (auto written = co_await connection->write(frame, config.io_timeout); !written) {
+    connection->close();
+    co_return std::move(written).error();
+  }
+  co_return id;
+}
+
+asio::awaitable<Result<Message>> Consumer::State::read_answer(std::uint64_t id) {
+  if (!connection || !connection->is_open()) co_return fail(errc::peer_unreachable, "connection to the owner is closed");
+  for (int stale = 0; stale < 16; ++stale) {
+    auto reply = co_await connection->read(config.io_timeout);
+    if (!reply) {
+      connection->close();
+      co_return std::move(reply).error();
+    }
+    // Request id 0 answers no request: the owner refuses the connection
+    // itself (too many connections) before closing it.
+    if (reply.value().request_id == 0) {
+      if (auto* error = std::get_if<ErrorReply>(&reply.value().message)) co_return from_reply(*error);
+    }
+    if (reply.value().request_id != id) continue;  // an answer nobody waits for any more
+    if (auto* error = std::get_if<ErrorReply>(&reply.value().message)) co_return from_reply(*error);
+    co_return std::move(reply.value().message);
+  }
+  connection->close();
+  co_return fail(errc::protocol, "owner keeps answering other requests");
+}
+
+// ---- the chunked path -------------------------------------------------------------
+
+asio::awaitable<Result<void>> Consumer::State::pull_all(std::uint64_t lease, std::uint64_t size,
+                                                        std::uint32_t chunk, const ChunkSink& write) {
+  struct Asked {
+    std::uint64_t id;
+    std::uint64_t offset;
+    std::uint32_t len;
+  };
+  std::deque<Asked> asked;
+  const std::size_t window = std::max<std::size_t>(config.pull_window, 1);
+  std::uint64_t next = 0;
+  std::uint64_t received = 0;
+  bool cancelled = false;
+  while (received < size) {
+    cancelled = cancelled || co_await cancelled_here();
+    while (!cancelled && asked.size() < window && next < size) {
+      const auto len = static_cast<std::uint32_t>(std::min<std::uint64_t>(chunk, size - next));
+      CORMA_CO_TRY(const auto id, co_await send(Pull{lease, next, len}));
+      asked.push_back(Asked{id, next, len});
+      next += len;
+    }
+    if (asked.empty()) co_return fetch_cancelled("during the chunked read");
+    const Asked pull = asked.front();
+    asked.pop_front();
+    auto reply = co_await answer_to(pull.id);
+    auto taken = take_chunk(pull.offset, pull.len, std::move(reply), write);
+    if (!taken) {
+      // The fetch ends here; the answers to the pulls behind it are read
+      // first, so the connection stays in step (a closed one answers at once).
+      for (const auto& behind : asked) (void)co_await answer_to(behind.id);
+      co_return std::move(taken).error();
+    }
+    received += pull.len;
+    if (config.on_progress) config.on_progress(received, size);
+  }
+  co_return success();
+}
+
+Result<void> Consumer::State::take_chunk(std::uint64_t offset, std::uint32_t len, Result<Message> reply,
+                                         const ChunkSink& write) {
+  CORMA_TRY(auto message, std::move(reply));
+  auto* data = std::get_if<Data>(&message);
+  if (data == nullptr || data->offset != offset || data->bytes.size() != len) {
+    connection->close();
+    return fail(errc::protocol, "owner answered a pull with the wrong bytes");
+  }
+  return write(offset, data->bytes);
+}
+
+asio::awaitable<Result<void>> Consumer::State::release(std::uint64_t lease) {
+  Release message{lease};
+  auto answer = co_await request(message);
+  if (!answer && answer.error().is(errc::object_changed)) co_return std::move(answer).error();
+  co_return success();
+}
+
+// ---- the RDMA path -------------------------------------------------------------------
+
+asio::awaitable<Error> Consumer::State::give_up_owner(const Error& why, asio::cancellation_signal& cancel) {
+  owner_lost = Error{errc::peer_unreachable, "lost the owner during the transfer: " + why.message()};
+  cancel.emit(asio::cancellation_type::terminal);
+  if (peer) {
+    const auto gone = *std::exchange(peer, std::nullopt);
+    imported_keys.clear();  // gone with the peer
+    (void)co_await registry->backend()->async_peer_close(gone, asio::use_awaitable);
+  }
+  co_return *owner_lost;
+}
+
+asio::awaitable<Result<void>> Consumer::State::renew(std::span<const std::uint64_t> leases) {
+  std::vector<std::uint64_t> asked;
+  asked.reserve(leases.size());
+  Result<void> outcome = success();
+  for (auto lease : leases) {
+    auto id = co_await send(Renew{lease});
+    if (!id) {
+      outcome = std::move(id).error();
+      break;
+    }
+    asked.push_back(id.value());
+  }
+  // Every answer asked for is read, so the connection stays in step.
+  for (auto id : asked) {
+    auto renewed = co_await answer_to(id);
+    if (renewed) {
+      ++stats.renewals;
+    } else if (outcome) {
+      outcome = std::move(renewed).error();
+    }
+  }
+  co_return outcome;
+}
+
+asio::awaitable<std::optional<Error>> Consumer::State::supervise_transfer(std::span<const std::uint64_t> leases,
+                                                                         std::uint32_t lease_timeout_ms,
+                                                                         const StartTransfer& start) {
+  const auto interval = std::clamp(std::chrono::milliseconds(lease_timeout_ms / 3), std::chrono::milliseconds(10),
+                                   std::chrono::milliseconds(1000));
+  asio::steady_timer wake(executor);
+  asio::cancellation_signal cancel;
+  bool answered = false;
+  start(cancel.slot(), [&answered, &wake] {
+    answered = true;
+    wake.cancel();
+  });
+  std::optional<Error> stopped;  // why the transfer was cancelled
+  while (!answered) {
+    if (stopped) {
+      // Only the transfer's answer is awaited now (it wakes this).
+      wake.expires_at(asio::steady_timer::time_point::max());
+      co_await wake.async_wait(as_result);
+      continue;
+    }
+    // The connection is watched between renewals too. The owner sends
+    // nothing unasked, so a readable connection means it ended (a dead
+    // owner's kernel closes it at once) or the owner refused something:
+    // the renewal then goes out at once, and reading its answer tells.
+    wake.expires_after(interval);
+    co_await (wake.async_wait(as_result) || connection->socket().async_wait(asio::socket_base::wait_read, as_result));
+    if (answered) continue;
+    if (co_await cancelled_here()) {
+      stopped = fetch_cancelled("during the rdma get");
+      cancel.emit(asio::cancellation_type::terminal);
+      continue;
+    }
+    auto renewed = co_await renew(leases);
+    if (!renewed) stopped = co_await give_up_owner(renewed.error(), cancel);
+  }
+  co_return stopped;
+}
+
+asio::awaitable<Result<void>> Consumer::State::rdma_get_into(const RdmaGrant& grant, RegionGuard& guard,
+                                                             std::uint64_t offset) {
+  CORMA_CO_TRY(auto descriptor, decode_descriptor(grant.descriptor));
+  if (descriptor.len != grant.size) co_return fail(errc::protocol, "descriptor length differs from the object size");
+  std::optional<Result<void>> got;
+  const auto remote = to_remote_region(descriptor);
+  const StartTransfer start = [&](asio::cancellation_slot slot, std::function<void()> answered) {
+    guard.async_get(*peer, remote, TransferRange{offset, 0, grant.size},
+                    asio::bind_cancellation_slot(
+                        slot, asio::bind_executor(executor, [&got, answered = std::move(answered)](Result<void> r) {
+                          got = std::move(r);
+                          answered();
+                        })));
+  };
+  const std::uint64_t leases[] = {grant.lease};
+  auto stopped = co_await supervise_transfer(leases, grant.lease_timeout_ms, start);
+  if (!*got && stopped) co_return std::move(*stopped);
+  co_return std::move(*got);
+}
+
+asio::awaitable<Result<void>> Consumer::State::rdma_get(const RdmaGrant& grant, std::span<std::byte> into,
+                                                        const std::function<void(DeregisteredEvent)>& keep_until) {
+  CORMA_CO_TRY(auto guard, co_await registry->async_register(into, Access::local, asio::use_awaitable));
+  auto got = co_await rdma_get_into(grant, guard, 0);
+  if (!got) {
+    // A failed get may have been answered before it ended (cancelled,
+    // with its owner or by the fetch, or past its deadline), and a
+    // provider may be unable to end it at all once its peer died: the
+    // destination then stays registered until the backend lets go of it.
+    // The fetch does not wait for that; `keep_until` takes the memory
+    // over until then.
+    keep_until(guard.deregistered());
+    co_return got;  // the guard's destruction deregisters in the background
+  }
+  // The destination is ours again only once the registration is gone.
+  // (Deaf to cancellation: the wait is the point.)
+  co_await guard.async_deregister(asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable));
+  co_return got;
+}
+
+asio::awaitable<Result<RemoteKeyId>> Consumer::State::key_for(const PackedKey& packed) {
+  if (auto found = imported_keys.find(packed); found != imported_keys.end()) co_return found->second;
+  if (!peer) co_return fail(errc::peer_unreachable, "no RDMA peer for this owner");
+  const auto backend = registry->backend();
+  if (imported_keys.size() >= max_imported_keys) {
+    // Bounded: the keys of exports long gone would otherwise pile up.
+    for (const auto& [bytes, key] : imported_keys) backend->async_release_key(key, [](Result<void>) {});
+    imported_keys.clear();
+  }
+  CORMA_CO_TRY(auto key, co_await backend->async_import_key(*peer, packed, asio::use_awaitable));
+  imported_keys.emplace(packed, key);
+  co_return key;
+}
+
+// ---- fetches ----------------------------------------------------------------------------
+
+asio::awaitable<Result<std::span<std::byte>>> Consumer::State::span_to_fill(const Destination& destination,
+                                                                            std::uint64_t lease, std::uint64_t size) {
+  auto into = destination.span_for(size);
+  if (!into) (void)co_await release(lease);
+  co_return into;
+}
+
+asio::awaitable<Result<FetchOutcome>> Consumer::State::fetch(std::string name, const Destination& destination) {
+  CORMA_CO_TRY(check_name(name));
+  Acquire acquire{name, peer.has_value()};
+  CORMA_CO_TRY(auto reply, co_await request(std::move(acquire)));
+  if (std::holds_alternative<NotFound>(reply)) {
+    co_return fail(errc::region_not_found, "owner has no object named '" + name + "'");
+  }
+  FetchOutcome fetched;
+  std::uint64_t lease = 0;
+  std::uint32_t chunk = fallback_chunk;
+  if (auto* chunked = std::get_if<Chunked>(&reply)) {
+    lease = chunked->lease;
+    fetched.size = chunked->size;
+    fetched.reason = to_string(chunked->reason);
+    chunk = chunked->chunk_size;
+  } else if (auto* grant = std::get_if<RdmaGrant>(&reply)) {
+    lease = grant->lease;
+    fetched.size = grant->size;
+  } else {
+    co_return fail(errc::protocol, "owner answered an acquire with something else");
+  }
+  if (co_await cancelled_here()) {
+    (void)co_await release(lease);
+    co_return fetch_cancelled("after the owner granted it");
+  }
+  // A streamed chunked fetch needs no memory of its own.
+  Result<std::span<std::byte>> into = std::span<std::byte>{};
+  if (!destination.sink || std::holds_alternative<RdmaGrant>(reply)) {
+    into = co_await span_to_fill(destination, lease, fetched.size);
+    if (!into) co_return std::move(into).error();
+  }
+
+  if (auto* grant = std::get_if<RdmaGrant>(&reply)) {
+    // (Not a conditional expression: g++ 12 mishandles co_await inside one.)
+    Result<void> got = success();
+    if (destination.registered != nullptr) {
+      got = co_await rdma_get_into(*grant, *destination.registered, destination.registered_offset);
+    } else {
+      got = co_await rdma_get(*grant, into.value(), destination.keep_until);
+    }
+    if (got && destination.sink) got = destination.sink(0, into.value().first(fetched.size));
+    if (got) {
+      if (config.on_progress) config.on_progress(fetched.size, fetched.size);
+      fetched.path = Path::rdma;
+      CORMA_CO_TRY(co_await release(lease));
+      ++stats.decisions.rdma;
+      co_return fetched;
+    }
+    // No fallback from a lost owner: its chunks would come over the
+    // connection that just ended (and the lease died with it).
+    if (owner_lost) co_return *owner_lost;
+    if (co_await cancelled_here()) {
+      (void)co_await release(lease);
+      co_return std::move(got).error();
+    }
+    // Exactly one fallback: the chunked path on the same lease, into
+    // fresh memory when the failed get's memory was taken over.
+    fetched.fell_back = true;
+    fetched.reason = "rdma failed: " + got.error().message();
+    ++stats.fallbacks;
+    if (destination.registered == nullptr && !destination.sink) {
+      into = co_await span_to_fill(destination, lease, fetched.size);
+      if (!into) co_return std::move(into).error();
+    }
+  }
+  // Named, not a temporary inside the co_await: g++ 12 destroys those twice.
+  const ChunkSink write = destination.sink ? destination.sink : copy_into(into.value());
+  auto pulled = co_await pull_all(lease, fetched.size, chunk, write);
+  auto released = co_await release(lease);
+  if (!pulled) co_return std::move(pulled).error();
+  CORMA_CO_TRY(released);
+  fetched.path = Path::chunked;
+  ++stats.decisions.chunked_by_reason[fetched.fell_back ? "rdma_failed" : fetched.reason];
+  co_return fetched;
+}
+
+asio::awaitable<Result<void>> Consumer::State::hello() {
+  Hello hello;
+  hello.version = config.protocol_version;
+  std::optional<PeerId> pending;
+  if (registry && config.use_rdma) {
+    auto offer = co_await registry->backend()->async_peer_offer(asio::use_awaitable);
+    if (offer) {
+      hello.backend = registry->backend()->wire_id();
+      hello.peer_offer = std::move(offer.value().blob);
+      pending = offer.value().peer;
+    }
+  }
+  const auto offered = hello.backend;
+  const auto offered_version = hello.version;
+  CORMA_CO_TRY(auto reply, co_await request(std::move(hello)));
+  auto* ok = std::get_if<HelloOk>(&reply);
+  if (ok == nullptr) co_return fail(errc::protocol, "owner did not answer hello");
+  if (ok->version < oldest_protocol_version || ok->version > offered_version) {
+    co_return fail(errc::protocol, "owner answered with protocol version " + std::to_string(ok->version));
+  }
+  version = ok->version;
+  max_batch = std::max<std::uint16_t>(ok->max_batch, 1);
+  if (pending && ok->backend == offered && !ok->peer_answer.empty()) {
+    auto completed = co_await registry->backend()->async_peer_complete(*pending, std::move(ok->peer_answer),
+                                                                      asio::use_awaitable);
+    if (completed) peer = pending;
+  }
+  co_return success();
+}
+
+}  // namespace corma

@@ -1,0 +1,184 @@
+// The state of one Consumer and the steps of a fetch: requests on the
+// connection, chunked reads, RDMA gets supervised by lease renewals, and
+// releases. consumer.cpp holds the public operations and the connection's
+// turn; fetch_many.cpp the batch of many objects.
+#pragma once
+
+#include "framed_connection.hpp"
+
+#include <corma/consumer.hpp>
+#include <corma/descriptor.hpp>
+
+#include <boost/asio/cancellation_signal.hpp>
+#include <boost/asio/experimental/channel.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace corma {
+
+namespace rendezvous {
+
+/// Pull size on the fallback path, where the owner named no chunk size.
+inline constexpr std::uint32_t fallback_chunk = 256 * 1024;
+/// Keys a consumer keeps imported for its owner; past it they are all let go.
+inline constexpr std::size_t max_imported_keys = 4096;
+
+[[nodiscard]] Error from_reply(const ErrorReply& reply);
+[[nodiscard]] Error fetch_cancelled(std::string_view when);
+/// Whether the fetch running on this coroutine thread has been cancelled.
+[[nodiscard]] boost::asio::awaitable<bool> cancelled_here();
+
+}  // namespace rendezvous
+
+struct Consumer::State {
+  using Message = rendezvous::Message;
+  template <class T>
+  using Awaitable = boost::asio::awaitable<T>;
+
+  boost::asio::any_io_executor executor;
+  std::shared_ptr<Registry> registry;
+  ConsumerConfig config;
+  std::unique_ptr<rendezvous::FramedConnection> connection;
+  std::optional<PeerId> peer;
+  /// The protocol version agreed in the hello, and the owner's batch limit
+  /// (version 2 on).
+  std::uint16_t version = 0;
+  std::uint16_t max_batch = 1;
+  /// Remote keys imported for `peer`, by their packed bytes: a key packed the
+  /// same way names the same memory, so it is imported once.
+  std::map<PackedKey, RemoteKeyId> imported_keys;
+  std::uint64_t next_request = 1;
+  /// Why the owner was given up during a transfer, once it was: the
+  /// connection is closed and nothing more is asked of that owner.
+  std::optional<Error> owner_lost;
+  // One token: whoever holds it talks on the connection.
+  boost::asio::experimental::channel<void(boost::system::error_code)> turn;
+  ConsumerStats stats;
+
+  State(boost::asio::any_io_executor ex, std::shared_ptr<Registry> r, ConsumerConfig c);
+
+  // ---- requests ---------------------------------------------------------------
+
+  /// Sends one request and waits for the answer with the same id. A request
+  /// that does not end with its answer (a failed write or read, a deadline)
+  /// closes the connection: a half-written frame cannot be taken back, and
+  /// an unanswered request must never share the wire with the next one. A
+  /// cancelled fetch therefore never interrupts a request: it stops once the
+  /// answer is in (at most io_timeout later), and the connection stays in
+  /// step for the fetches queued behind it.
+  Awaitable<Result<Message>> request(Message message);
+  /// Writes one request (to its end); its id, for answer_to(). Several may
+  /// be sent before their answers are read: the owner answers in order.
+  Awaitable<Result<std::uint64_t>> send(Message message);
+  /// Reads the answer to request `id` (to its end), skipping stale ones.
+  Awaitable<Result<Message>> answer_to(std::uint64_t id);
+
+  // ---- the chunked path ---------------------------------------------------------
+
+  /// Reads the object in chunks, keeping up to `pull_window` pulls on the
+  /// wire so that the owner's reads, the network and our copies overlap.
+  /// A cancelled fetch stops asking and reads the answers already asked
+  /// for, so the connection stays in step.
+  Awaitable<Result<void>> pull_all(std::uint64_t lease, std::uint64_t size, std::uint32_t chunk,
+                                   const ChunkSink& write);
+
+  /// Ends a lease. The owner answers `object_changed` when the object was
+  /// published again while the lease read it: then what was read may be a
+  /// mix, and the fetch fails. Any other trouble with the answer says
+  /// nothing about the bytes and is not the fetch's failure.
+  Awaitable<Result<void>> release(std::uint64_t lease);
+
+  // ---- the RDMA path ---------------------------------------------------------------
+
+  /// Begins a transfer: given the cancellation slot it must honour and the
+  /// function to call on the consumer's executor once it has answered.
+  using StartTransfer = std::function<void(boost::asio::cancellation_slot, std::function<void()>)>;
+
+  /// Runs a transfer while keeping `leases` alive: renewing them at least
+  /// every second (a third of the lease timeout), watching the connection in
+  /// between, which bounds how long a dead owner goes unnoticed. When the
+  /// owner is lost, or the fetch is cancelled, the transfer is cancelled
+  /// (terminal) rather than left to its own deadline. Returns once the
+  /// transfer has answered: why it was stopped, or nothing.
+  Awaitable<std::optional<Error>> supervise_transfer(std::span<const std::uint64_t> leases,
+                                                     std::uint32_t lease_timeout_ms, const StartTransfer& start);
+
+  /// Gets the granted object into `guard` at `offset`, supervised.
+  Awaitable<Result<void>> rdma_get_into(const rendezvous::RdmaGrant& grant, RegionGuard& guard,
+                                        std::uint64_t offset);
+  /// The same into memory registered for this one transfer.
+  Awaitable<Result<void>> rdma_get(const rendezvous::RdmaGrant& grant, std::span<std::byte> into,
+                                   const std::function<void(DeregisteredEvent)>& keep_until);
+  /// The key imported for `packed` (once per packed key and peer).
+  Awaitable<Result<RemoteKeyId>> key_for(const PackedKey& packed);
+
+  // ---- fetches ------------------------------------------------------------------------
+
+  /// Where a fetch puts the bytes: given the object's size, the span to fill
+  /// (a fresh one on each call), and the registered region it lies in (null:
+  /// register it per transfer; after a failed transfer `keep_until` takes
+  /// the span's memory over, to free it once the event resolves).
+  struct Destination {
+    std::function<Result<std::span<std::byte>>(std::uint64_t size)> span_for;
+    RegionGuard* registered = nullptr;
+    /// Where in `registered` the span begins.
+    std::uint64_t registered_offset = 0;
+    std::function<void(DeregisteredEvent)> keep_until;
+    /// When set, chunks go here as they arrive instead of into span_for's
+    /// memory (which then only serves an RDMA get, handed over whole).
+    ChunkSink sink;
+  };
+
+  /// One object, RDMA first and chunked exactly once on its failure.
+  Awaitable<Result<FetchOutcome>> fetch(std::string name, const Destination& destination);
+  /// Many objects into slots of registered regions (fetch_many.cpp).
+  Awaitable<ManyFetched> fetch_many(std::vector<std::string> names, std::vector<FetchSlot> slots);
+
+  Awaitable<Result<void>> hello();
+
+ private:
+  /// One batch of fetch_many (indices into names and slots): its outcomes
+  /// are filled in; an error says the connection, the owner or the
+  /// operation ended, and nothing more should be asked.
+  Awaitable<Result<void>> fetch_batch(std::span<const std::size_t> batch, const std::vector<std::string>& names,
+                                      const std::vector<FetchSlot>& slots, ManyFetched& outcomes);
+  /// Ends many leases in one request: one code per lease (0: released).
+  Awaitable<Result<std::vector<std::uint16_t>>> release_many(std::vector<std::uint64_t> leases);
+  Awaitable<Result<std::uint64_t>> write_request(Message message);
+  Awaitable<Result<Message>> read_answer(std::uint64_t id);
+  /// Checks the answer to a pull of [offset, offset + len) and hands its
+  /// bytes to `write`. Wrong bytes close the connection: answers still on
+  /// the wire would be out of step.
+  Result<void> take_chunk(std::uint64_t offset, std::uint32_t len, Result<Message> reply, const ChunkSink& write);
+  /// Renews every lease of `leases` (pipelined).
+  Awaitable<Result<void>> renew(std::span<const std::uint64_t> leases);
+  /// The owner is gone: the transfer that depends on it is cancelled
+  /// (terminal) and the peer closed, so that the backend ends what its
+  /// provider can end and answers the rest as unreachable.
+  Awaitable<Error> give_up_owner(const Error& why, boost::asio::cancellation_signal& cancel);
+  /// Where the object goes; when it has nowhere to go, the lease is released.
+  Awaitable<Result<std::span<std::byte>>> span_to_fill(const Destination& destination, std::uint64_t lease,
+                                                       std::uint64_t size);
+};
+
+/// Copies chunks into `memory` at their offsets.
+[[nodiscard]] ChunkSink copy_into(std::span<std::byte> memory);
+
+/// A fetch into `capacity` bytes at `offset` of a region the caller keeps
+/// registered (refused when it is not, or when the object does not fit).
+[[nodiscard]] Consumer::State::Destination registered_destination(RegionGuard& region, std::uint64_t offset,
+                                                                  std::uint64_t capacity);
+
+/// Checks an object name before it goes on the wire (the owner would
+/// refuse it as malformed and close the connection).
+[[nodiscard]] Result<void> check_name(std::string_view name);
+
+}  // namespace corma
