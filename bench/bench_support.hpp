@@ -2,6 +2,12 @@
 #pragma once
 
 #include <corma/error.hpp>
+#include <corma/owner.hpp>
+#include <corma/ucx.hpp>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
 
 #include <chrono>
 #include <cstddef>
@@ -20,6 +26,25 @@ inline std::string size_name(std::size_t size) {
   if (size >= MiB) return std::to_string(size / MiB) + "MiB";
   if (size >= KiB) return std::to_string(size / KiB) + "KiB";
   return std::to_string(size) + "B";
+}
+
+/// corma's UCX backend over `transport` ("tcp" or "shm"), trusting its
+/// peers: the benchmark measures RMA itself.
+inline ucx::Config corma_config(const std::string& transport) {
+  ucx::Config config;
+  config.transport = transport == "tcp" ? ucx::Transport::tcp : ucx::Transport::shared_memory;
+  config.error_handling = transport == "tcp" ? ucx::ErrorHandling::peer : ucx::ErrorHandling::none;
+  config.trusted_peers = true;
+  return config;
+}
+
+/// Stops an owner served on `io` and closes its acceptor, from `io`'s own
+/// thread (the owner is not thread-safe), before that thread is let go.
+inline void stop_serving(boost::asio::io_context& io, Owner& owner, boost::asio::ip::tcp::acceptor& acceptor) {
+  boost::asio::post(io, [&] {
+    owner.stop();
+    acceptor.close();
+  });
 }
 
 /// The value, or an exception naming `what` (a benchmark has no error path).

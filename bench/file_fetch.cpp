@@ -142,10 +142,7 @@ Measurement file_fetch_chunked(const Options& options) {
 
   // Each side is torn down on its own thread.
   asio::post(consumer_io, [&] { consumer.reset(); });
-  asio::post(owner_io, [&] {
-    owner.stop();
-    acceptor.close();
-  });
+  stop_serving(owner_io, owner, acceptor);
   owner_work.reset();
   consumer_work.reset();
   consumer_thread.join();

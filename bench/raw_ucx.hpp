@@ -6,6 +6,7 @@
 #include <ucp/api/ucp.h>
 
 #include <atomic>
+#include <stdexcept>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -52,6 +53,33 @@ struct RawRegion {
   RawWorker& worker;
   ucp_mem_h memh = nullptr;
   std::vector<std::byte> packed_key;
+};
+
+/// The UCX transports raw UCX uses for a corma transport name ("tcp", "shm").
+inline std::string raw_tls(const std::string& transport) { return transport == "tcp" ? "tcp" : "sm"; }
+
+/// An initiator and a target worker connected over `transport`, with
+/// `remote_bytes` registered on the target and its key unpacked once.
+struct RawPair {
+  RawWorker initiator;
+  RawWorker target;
+  ucp_ep_h ep;
+  RawRegion remote;
+  ucp_rkey_h rkey = nullptr;
+
+  std::byte* remote_memory;
+
+  RawPair(const std::string& transport, std::byte* remote_bytes, std::size_t size)
+      : initiator(raw_tls(transport)),
+        target(raw_tls(transport)),
+        ep(initiator.connect(target.address(), transport == "tcp")),
+        remote(target, remote_bytes, size),
+        remote_memory(remote_bytes) {
+    if (ucp_ep_rkey_unpack(ep, remote.packed_key.data(), &rkey) != UCS_OK) {
+      throw std::runtime_error("raw rkey unpack failed");
+    }
+  }
+  ~RawPair() { ucp_rkey_destroy(rkey); }
 };
 
 /// `total_ops` gets of `size` bytes with `window` outstanding, driven from

@@ -3,6 +3,7 @@
 #include "scenarios.hpp"
 
 #include "bench_support.hpp"
+#include "fetch_many.hpp"
 #include "file_fetch.hpp"
 #include "raw_ucx.hpp"
 
@@ -42,16 +43,6 @@ namespace asio = boost::asio;
 
 namespace {
 
-ucx::Config corma_config(const std::string& transport) {
-  ucx::Config config;
-  config.transport = transport == "tcp" ? ucx::Transport::tcp : ucx::Transport::shared_memory;
-  config.error_handling = transport == "tcp" ? ucx::ErrorHandling::peer : ucx::ErrorHandling::none;
-  config.trusted_peers = true;  // the benchmark measures RMA itself
-  return config;
-}
-
-std::string raw_tls(const std::string& transport) { return transport == "tcp" ? "tcp" : "sm"; }
-
 /// A corma initiator and target connected as peers, with one exported
 /// region on the target (its key imported once by the initiator) and one
 /// local region on the initiator.
@@ -81,28 +72,6 @@ struct CormaPair {
   }
 };
 
-/// The same with plain UCX.
-struct RawPair {
-  RawWorker initiator;
-  RawWorker target;
-  ucp_ep_h ep;
-  RawRegion remote;
-  ucp_rkey_h rkey = nullptr;
-
-  std::byte* remote_memory;
-
-  RawPair(const std::string& transport, std::byte* remote_bytes, std::size_t size)
-      : initiator(raw_tls(transport)),
-        target(raw_tls(transport)),
-        ep(initiator.connect(target.address(), transport == "tcp")),
-        remote(target, remote_bytes, size),
-        remote_memory(remote_bytes) {
-    if (ucp_ep_rkey_unpack(ep, remote.packed_key.data(), &rkey) != UCS_OK) {
-      throw std::runtime_error("raw rkey unpack failed");
-    }
-  }
-  ~RawPair() { ucp_rkey_destroy(rkey); }
-};
 
 /// `total` gets of `size` with `window` outstanding through corma, chained
 /// from the completions on the progress thread. Returns seconds.
@@ -468,10 +437,7 @@ Measurement end_to_end(const Options& options, std::size_t size, bool rdma, bool
   }
   consumer.reset();
   destination = RegionGuard{};
-  asio::post(io, [&] {
-    owner.stop();
-    acceptor.close();
-  });
+  stop_serving(io, owner, acceptor);
   work.reset();
   runner.join();
   return m;
@@ -571,6 +537,9 @@ std::vector<Measurement> run_scenarios(const Options& options) {
       keep(end_to_end(options, size, true, false));
       keep(end_to_end(options, size, false, true));
     }
+  }
+  if (selected(options, "fetch_many")) {
+    for (const auto& transport : options.transports) keep(fetch_many_objects(options, transport));
   }
   if (selected(options, "file_fetch")) keep(file_fetch_chunked(options));
   if (selected(options, "registry_bookkeeping")) {

@@ -48,11 +48,13 @@ struct OwnerConfig {
   /// byte came, and for every write.
   std::chrono::milliseconds io_timeout{10000};
   /// Leases one connection may hold at once.
-  std::size_t max_leases_per_connection = 64;
+  std::size_t max_leases_per_connection = 512;
   /// Objects one batch request (protocol version 2) may name; a larger
   /// batch is refused whole (`budget_exceeded`). Announced to consumers in
-  /// the hello, capped at what one answer frame holds (about 250).
-  std::size_t max_batch_objects = 64;
+  /// the hello, capped at half of max_leases_per_connection (a consumer
+  /// keeps two batches leased: one read while the next is granted) and at
+  /// what one answer frame holds (about 250).
+  std::size_t max_batch_objects = 256;
   /// Leases the owner holds at once, over all connections; past it acquires
   /// are answered `budget_exceeded`.
   std::size_t max_leases = 65536;

@@ -95,6 +95,12 @@ asio::awaitable<Result<std::uint64_t>> Consumer::State::send(Message message) {
 }
 
 asio::awaitable<Result<Message>> Consumer::State::answer_to(std::uint64_t id) {
+  unanswered.erase(id);
+  if (auto found = parked.find(id); found != parked.end()) {
+    auto answer = std::move(found->second);
+    parked.erase(found);
+    co_return answer;
+  }
   co_return co_await to_its_end(executor, read_answer(id));
 }
 
@@ -106,28 +112,49 @@ asio::awaitable<Result<std::uint64_t>> Consumer::State::write_request(Message me
     connection->close();
     co_return std::move(written).error();
   }
+  unanswered.insert(id);
   co_return id;
 }
 
 asio::awaitable<Result<Message>> Consumer::State::read_answer(std::uint64_t id) {
   if (!connection || !connection->is_open()) co_return fail(errc::peer_unreachable, "connection to the owner is closed");
-  for (int stale = 0; stale < 16; ++stale) {
+  for (int stale = 0; stale < 16;) {
     auto reply = co_await connection->read(config.io_timeout);
     if (!reply) {
       connection->close();
       co_return std::move(reply).error();
     }
+    const auto answered = reply.value().request_id;
     // Request id 0 answers no request: the owner refuses the connection
     // itself (too many connections) before closing it.
-    if (reply.value().request_id == 0) {
+    if (answered == 0) {
       if (auto* error = std::get_if<ErrorReply>(&reply.value().message)) co_return from_reply(*error);
     }
-    if (reply.value().request_id != id) continue;  // an answer nobody waits for any more
-    if (auto* error = std::get_if<ErrorReply>(&reply.value().message)) co_return from_reply(*error);
-    co_return std::move(reply.value().message);
+    Result<Message> answer = std::move(reply.value().message);
+    if (auto* error = std::get_if<ErrorReply>(&answer.value())) answer = from_reply(*error);
+    if (answered == id) co_return answer;
+    if (unanswered.erase(answered) != 0) {
+      parked.emplace(answered, std::move(answer));  // a pipelined request's answer, for its reader
+    } else {
+      ++stale;  // an answer nobody waits for any more
+    }
   }
   connection->close();
   co_return fail(errc::protocol, "owner keeps answering other requests");
+}
+
+asio::awaitable<bool> Consumer::State::park_next() {
+  auto reply = co_await to_its_end(executor, connection->read(config.io_timeout));
+  if (!reply) {
+    connection->close();
+    co_return false;
+  }
+  const auto answered = reply.value().request_id;
+  if (unanswered.erase(answered) == 0) co_return false;
+  Result<Message> answer = std::move(reply.value().message);
+  if (auto* error = std::get_if<ErrorReply>(&answer.value())) answer = from_reply(*error);
+  parked.emplace(answered, std::move(answer));
+  co_return true;
 }
 
 // ---- the chunked path -------------------------------------------------------------
@@ -237,6 +264,7 @@ asio::awaitable<std::optional<Error>> Consumer::State::supervise_transfer(std::s
     wake.cancel();
   });
   std::optional<Error> stopped;  // why the transfer was cancelled
+  bool keep_deadline = false;      // the timer already runs towards the next renewal
   while (!answered) {
     if (stopped) {
       // Only the transfer's answer is awaited now (it wakes this).
@@ -245,12 +273,20 @@ asio::awaitable<std::optional<Error>> Consumer::State::supervise_transfer(std::s
       continue;
     }
     // The connection is watched between renewals too. The owner sends
-    // nothing unasked, so a readable connection means it ended (a dead
-    // owner's kernel closes it at once) or the owner refused something:
-    // the renewal then goes out at once, and reading its answer tells.
-    wake.expires_after(interval);
-    co_await (wake.async_wait(as_result) || connection->socket().async_wait(asio::socket_base::wait_read, as_result));
+    // nothing unasked, so a readable connection means a pipelined request
+    // was answered (parked for its reader), or else the connection ended (a
+    // dead owner's kernel closes it at once) or the owner refused
+    // something: the renewal then goes out at once, and reading its answer tells.
+    if (!keep_deadline) wake.expires_after(interval);
+    auto woke = co_await (wake.async_wait(as_result) ||
+                          connection->socket().async_wait(asio::socket_base::wait_read, as_result));
+    keep_deadline = false;
     if (answered) continue;
+    const bool readable = woke.index() == 1 && !std::get<0>(std::get<1>(woke));
+    if (readable && !unanswered.empty() && !co_await cancelled_here() && co_await park_next()) {
+      keep_deadline = true;
+      continue;
+    }
     if (co_await cancelled_here()) {
       stopped = fetch_cancelled("during the rdma get");
       cancel.emit(asio::cancellation_type::terminal);

@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -56,6 +57,11 @@ struct Consumer::State {
   /// same way names the same memory, so it is imported once.
   std::map<PackedKey, RemoteKeyId> imported_keys;
   std::uint64_t next_request = 1;
+  /// Requests sent whose answers have not been read yet, and answers that
+  /// came while another one was being waited for (the owner answers in
+  /// order; a pipelined request's answer may arrive first).
+  std::set<std::uint64_t> unanswered;
+  std::map<std::uint64_t, Result<Message>> parked;
   /// Why the owner was given up during a transfer, once it was: the
   /// connection is closed and nothing more is asked of that owner.
   std::optional<Error> owner_lost;
@@ -78,7 +84,10 @@ struct Consumer::State {
   /// Writes one request (to its end); its id, for answer_to(). Several may
   /// be sent before their answers are read: the owner answers in order.
   Awaitable<Result<std::uint64_t>> send(Message message);
-  /// Reads the answer to request `id` (to its end), skipping stale ones.
+  /// Reads the answer to request `id` (to its end): answers to other
+  /// requests still unanswered are parked for their readers, stale ones
+  /// skipped. Every request sent is answered this way (or by the
+  /// connection closing).
   Awaitable<Result<Message>> answer_to(std::uint64_t id);
 
   // ---- the chunked path ---------------------------------------------------------
@@ -145,14 +154,11 @@ struct Consumer::State {
   Awaitable<Result<void>> hello();
 
  private:
-  /// One batch of fetch_many (indices into names and slots): its outcomes
-  /// are filled in; an error says the connection, the owner or the
-  /// operation ended, and nothing more should be asked.
-  Awaitable<Result<void>> fetch_batch(std::span<const std::size_t> batch, const std::vector<std::string>& names,
-                                      const std::vector<FetchSlot>& slots, ManyFetched& outcomes);
-  /// Ends many leases in one request: one code per lease (0: released).
-  Awaitable<Result<std::vector<std::uint16_t>>> release_many(std::vector<std::uint64_t> leases);
   Awaitable<Result<std::uint64_t>> write_request(Message message);
+  /// Reads the one answer that came while a transfer runs: true when it is
+  /// a pipelined request's, parked for its reader; false for anything else
+  /// (the connection ended, or the owner said something unasked).
+  Awaitable<bool> park_next();
   Awaitable<Result<Message>> read_answer(std::uint64_t id);
   /// Checks the answer to a pull of [offset, offset + len) and hands its
   /// bytes to `write`. Wrong bytes close the connection: answers still on

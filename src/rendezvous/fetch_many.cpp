@@ -1,6 +1,9 @@
 // Consumer::async_fetch_many: a set of objects in batches of the owner's
-// limit, three round trips per batch (acquire_many, the RDMA batch read with
-// its renewals, release_many) instead of three per object.
+// limit (protocol version 2). Each batch is one acquire_many, one seam batch
+// reading every RDMA grant (its leases renewed meanwhile), pulls for the
+// rest, and one release_many; the batches are pipelined, so the next
+// batch's acquire and the previous one's release travel while this one's
+// bytes move.
 #include "consumer_state.hpp"
 
 #include <boost/asio/bind_cancellation_slot.hpp>
@@ -31,252 +34,324 @@ struct Leased {
   bool needs_chunks = false;
 };
 
+/// One batch on its way: the objects it names, the request that acquired
+/// them and its answer, what was granted, and the request releasing them.
+struct Batch {
+  std::vector<std::size_t> indices;
+  std::uint64_t acquire = 0;
+  Granted granted;
+  std::vector<Leased> leased;
+  std::optional<std::uint64_t> release;
+};
+
 Result<void> check_slot(const FetchSlot& slot) {
   if (slot.region == nullptr || !*slot.region) return fail(errc::region_not_found, "destination is not registered");
   return validate_slice(slot.offset, slot.capacity, slot.region->size());
 }
 
-/// The objects at `indices` from `from` on all end with `error`.
-void fail_from(ManyFetched& outcomes, std::span<const std::size_t> indices, std::size_t from, const Error& error) {
-  for (std::size_t k = from; k < indices.size(); ++k) outcomes[indices[k]] = error;
-}
+/// One async_fetch_many, run by Consumer::State::fetch_many.
+class ManyFetch {
+ public:
+  ManyFetch(Consumer::State& state, std::vector<std::string> names, std::vector<FetchSlot> slots)
+      : s_(state), names_(std::move(names)), slots_(std::move(slots)), outcomes_(names_.size(), not_fetched()) {}
+
+  asio::awaitable<ManyFetched> run() {
+    for (std::size_t i = 0; i < names_.size(); ++i) {
+      auto checked = check_name(names_[i]);
+      if (checked) checked = check_slot(slots_[i]);
+      if (checked) {
+        pending_.push_back(i);
+      } else {
+        outcomes_[i] = std::move(checked).error();
+      }
+    }
+    if (s_.version < batch_protocol_version) {
+      co_await one_at_a_time();
+    } else {
+      co_await in_batches();
+    }
+    co_return std::move(outcomes_);
+  }
+
+ private:
+  static Result<FetchOutcome> not_fetched() { return fail(errc::cancelled, "not fetched"); }
+
+  /// An owner without batches: one object after the other.
+  asio::awaitable<void> one_at_a_time() {
+    for (; next_ < pending_.size(); ++next_) {
+      if (co_await cancelled_here()) break;
+      const auto i = pending_[next_];
+      const auto destination = registered_destination(*slots_[i].region, slots_[i].offset, slots_[i].capacity);
+      outcomes_[i] = co_await s_.fetch(names_[i], destination);
+    }
+    fail_rest(fetch_cancelled("before its turn"));
+  }
+
+  asio::awaitable<void> in_batches() {
+    std::optional<Batch> current = co_await send_next_acquire();
+    std::optional<Batch> previous;
+    while (current && !ended_) {
+      co_await take_grants(*current);
+      std::optional<Batch> next;
+      if (!ended_ && co_await cancelled_here()) ended_ = fetch_cancelled("before its batch");
+      if (!ended_) next = co_await send_next_acquire();
+      co_await read(*current);
+      co_await send_release(*current);
+      if (previous) co_await finish(*previous);
+      previous = std::move(current);
+      current = std::move(next);
+    }
+    if (current) {
+      // Acquired but not read (the fetch ended): its leases still go back.
+      co_await take_grants(*current);
+      for (auto& object : current->leased) object.failed = object.failed.value_or(*ended_);
+      co_await send_release(*current);
+    }
+    if (previous) co_await finish(*previous);
+    if (current) co_await finish(*current);
+    fail_rest(ended_.value_or(fetch_cancelled("before its batch")));
+  }
+
+  /// Every object not yet asked for ends with `error`.
+  void fail_rest(const Error& error) {
+    for (; next_ < pending_.size(); ++next_) outcomes_[pending_[next_]] = error;
+  }
+
+  /// Asks for the next batch: up to the owner's limit, within one frame.
+  asio::awaitable<std::optional<Batch>> send_next_acquire() {
+    if (next_ >= pending_.size()) co_return std::nullopt;
+    Batch batch;
+    AcquireMany acquire;
+    acquire.wants_rdma = s_.peer.has_value();
+    std::size_t bytes = 0;
+    while (next_ < pending_.size() && batch.indices.size() < s_.max_batch) {
+      const auto& name = names_[pending_[next_]];
+      if (!batch.indices.empty() && bytes + name.size() + 2 > batch_name_bytes) break;
+      bytes += name.size() + 2;
+      acquire.names.push_back(name);
+      batch.indices.push_back(pending_[next_++]);
+    }
+    auto sent = co_await s_.send(std::move(acquire));
+    if (!sent) {
+      fail_batch(batch, sent.error());
+      ended_ = std::move(sent).error();
+      co_return std::nullopt;
+    }
+    batch.acquire = sent.value();
+    co_return batch;
+  }
+
+  void fail_batch(const Batch& batch, const Error& error) {
+    for (auto i : batch.indices) outcomes_[i] = error;
+  }
+
+  /// Reads the owner's answer to a batch's acquire: what it granted, what it
+  /// has not, and what does not fit its slot (leased all the same, released
+  /// with the rest).
+  asio::awaitable<void> take_grants(Batch& batch) {
+    auto reply = co_await s_.answer_to(batch.acquire);
+    if (!reply) {
+      fail_batch(batch, reply.error());
+      // An owner refusing the batch (its limits) keeps the connection.
+      if (!s_.connection->is_open()) ended_ = std::move(reply).error();
+      co_return;
+    }
+    auto* granted = std::get_if<Granted>(&reply.value());
+    if (granted == nullptr || granted->grants.size() != batch.indices.size()) {
+      s_.connection->close();
+      ended_ = Error{errc::protocol, "owner answered acquire_many with something else"};
+      fail_batch(batch, *ended_);
+      co_return;
+    }
+    batch.granted = std::move(*granted);
+    for (std::size_t k = 0; k < batch.indices.size(); ++k) {
+      const auto i = batch.indices[k];
+      const auto& grant = batch.granted.grants[k];
+      Leased object;
+      object.index = i;
+      if (std::holds_alternative<NotFound>(grant)) {
+        outcomes_[i] = fail(errc::region_not_found, "owner has no object named '" + names_[i] + "'");
+        continue;
+      }
+      if (auto* error = std::get_if<ErrorReply>(&grant)) {
+        outcomes_[i] = from_reply(*error);
+        continue;
+      }
+      if (auto* chunked = std::get_if<Chunked>(&grant)) {
+        object.lease = chunked->lease;
+        object.chunk = chunked->chunk_size;
+        object.outcome.size = chunked->size;
+        object.outcome.reason = to_string(chunked->reason);
+        object.needs_chunks = true;
+        lease_timeout_ms_ = std::min(lease_timeout_ms_, chunked->lease_timeout_ms);
+      } else {
+        const auto& rdma = std::get<RdmaGrant>(grant);
+        object.lease = rdma.lease;
+        object.rdma = &rdma;
+        object.outcome.size = rdma.size;
+        lease_timeout_ms_ = std::min(lease_timeout_ms_, rdma.lease_timeout_ms);
+      }
+      if (object.outcome.size > slots_[i].capacity) {
+        object.failed = Error{errc::out_of_range, "object of " + std::to_string(object.outcome.size) +
+                                                      " bytes does not fit its " +
+                                                      std::to_string(slots_[i].capacity) + "-byte destination"};
+      }
+      batch.leased.push_back(std::move(object));
+    }
+  }
+
+  /// Moves a granted batch's bytes: every RDMA grant in one seam batch,
+  /// then chunks for the objects served in chunks and those whose RDMA read
+  /// failed (exactly one fallback each).
+  asio::awaitable<void> read(Batch& batch) {
+    co_await read_rdma(batch);
+    for (auto& object : batch.leased) {
+      if (object.failed || !object.needs_chunks) continue;
+      if (ended_) {
+        object.failed = ended_;
+        continue;
+      }
+      const auto& slot = slots_[object.index];
+      const auto write = copy_into(slot.region->bytes().subspan(slot.offset, object.outcome.size));
+      auto pulled = co_await s_.pull_all(object.lease, object.outcome.size, object.chunk, write);
+      if (pulled) {
+        object.outcome.path = Path::chunked;
+        continue;
+      }
+      object.failed = pulled.error();
+      if (pulled.error().is(errc::cancelled) || !s_.connection->is_open()) ended_ = pulled.error();
+    }
+  }
+
+  asio::awaitable<void> read_rdma(Batch& batch) {
+    std::vector<BatchedGet> gets;
+    std::vector<Leased*> reading;
+    for (auto& object : batch.leased) {
+      if (object.failed) continue;
+      if (ended_) {
+        object.failed = ended_;
+        continue;
+      }
+      if (object.rdma == nullptr) continue;
+      auto get = co_await batched_get(object);
+      if (!get) {
+        object.needs_chunks = true;
+        object.outcome.fell_back = true;
+        object.outcome.reason = "rdma failed: " + get.error().message();
+        continue;
+      }
+      gets.push_back(std::move(get).value());
+      reading.push_back(&object);
+    }
+    if (gets.empty()) co_return;
+    std::optional<Result<BatchOutcome>> got;
+    const Consumer::State::StartTransfer start = [&](asio::cancellation_slot slot, std::function<void()> answered) {
+      RegionGuard::async_get_batch(
+          *s_.peer, std::move(gets),
+          asio::bind_cancellation_slot(
+              slot, asio::bind_executor(s_.executor, [&got, answered = std::move(answered)](Result<BatchOutcome> r) {
+                got = std::move(r);
+                answered();
+              })));
+    };
+    std::vector<std::uint64_t> leases;
+    for (const auto* object : reading) leases.push_back(object->lease);
+    auto stopped = co_await s_.supervise_transfer(leases, lease_timeout_ms_, start);
+    if (stopped) ended_ = std::move(stopped);
+    // Which reads failed: all of them when the batch itself did.
+    std::vector<std::optional<Error>> failed(reading.size());
+    if (!*got) {
+      std::fill(failed.begin(), failed.end(), got->error());
+    } else {
+      for (auto& failure : got->value().failures) failed[failure.index] = std::move(failure.error);
+    }
+    for (std::size_t r = 0; r < reading.size(); ++r) {
+      auto& object = *reading[r];
+      object.rdma = nullptr;
+      if (!failed[r]) {
+        object.outcome.path = Path::rdma;
+      } else if (ended_) {
+        object.failed = ended_;
+      } else {
+        object.needs_chunks = true;
+        object.outcome.fell_back = true;
+        object.outcome.reason = "rdma failed: " + failed[r]->message();
+      }
+    }
+  }
+
+  /// The seam batch element reading `object` into its slot, with the key
+  /// imported for its export.
+  asio::awaitable<Result<BatchedGet>> batched_get(const Leased& object) {
+    CORMA_CO_TRY(auto descriptor, decode_descriptor(object.rdma->descriptor));
+    if (descriptor.len != object.outcome.size) {
+      co_return fail(errc::protocol, "descriptor length differs from the object size");
+    }
+    CORMA_CO_TRY(auto key, co_await s_.key_for(descriptor.packed_key));
+    auto remote = to_remote_region(descriptor);
+    remote.packed_key.clear();  // the imported key names it
+    const auto& slot = slots_[object.index];
+    co_return BatchedGet{slot.region, std::move(remote), TransferRange{slot.offset, 0, object.outcome.size}, key};
+  }
+
+  /// Hands a batch's leases back in one request (its answer is read by
+  /// finish(), once the next batch is under way).
+  asio::awaitable<void> send_release(Batch& batch) {
+    if (batch.leased.empty() || s_.owner_lost || !s_.connection->is_open()) co_return;
+    ReleaseMany message;
+    for (const auto& object : batch.leased) message.leases.push_back(object.lease);
+    auto sent = co_await s_.send(std::move(message));
+    if (sent) batch.release = sent.value();
+  }
+
+  /// Settles a batch's outcomes once its release is answered. The owner
+  /// names each object published again while it was read (`object_changed`):
+  /// those fail; any other trouble with the answer says nothing about the
+  /// bytes, as for a single fetch.
+  asio::awaitable<void> finish(Batch& batch) {
+    std::vector<std::uint16_t> codes;
+    if (batch.release) {
+      auto reply = co_await s_.answer_to(*batch.release);
+      auto* released = reply ? std::get_if<ReleasedMany>(&reply.value()) : nullptr;
+      if (released != nullptr && released->codes.size() == batch.leased.size()) codes = std::move(released->codes);
+    }
+    for (std::size_t k = 0; k < batch.leased.size(); ++k) {
+      auto& object = batch.leased[k];
+      if (!object.failed && s_.owner_lost) object.failed = s_.owner_lost;
+      if (!object.failed && !codes.empty() && codes[k] == static_cast<std::uint16_t>(errc::object_changed)) {
+        object.failed = Error{errc::object_changed, "owner: the object was published again during the lease"};
+      }
+      if (object.failed) {
+        outcomes_[object.index] = *object.failed;
+        continue;
+      }
+      if (object.outcome.path == Path::rdma) {
+        ++s_.stats.decisions.rdma;
+      } else {
+        ++s_.stats.decisions.chunked_by_reason[object.outcome.fell_back ? "rdma_failed" : object.outcome.reason];
+      }
+      if (object.outcome.fell_back) ++s_.stats.fallbacks;
+      outcomes_[object.index] = std::move(object.outcome);
+    }
+  }
+
+  Consumer::State& s_;
+  std::vector<std::string> names_;
+  std::vector<FetchSlot> slots_;
+  ManyFetched outcomes_;
+  std::vector<std::size_t> pending_;  ///< objects with a valid name and slot, in order
+  std::size_t next_ = 0;              ///< the first of pending_ not yet asked for
+  std::uint32_t lease_timeout_ms_ = 0xffffffffU;
+  /// Why the fetch stopped short (cancelled, connection or owner lost).
+  std::optional<Error> ended_;
+};
 
 }  // namespace
 
 asio::awaitable<ManyFetched> Consumer::State::fetch_many(std::vector<std::string> names,
                                                          std::vector<FetchSlot> slots) {
-  ManyFetched outcomes(names.size(), fail(errc::cancelled, "not fetched"));
-  std::vector<std::size_t> pending;  // objects with a valid name and slot, in order
-  for (std::size_t i = 0; i < names.size(); ++i) {
-    auto checked = check_name(names[i]);
-    if (checked) checked = check_slot(slots[i]);
-    if (checked) {
-      pending.push_back(i);
-    } else {
-      outcomes[i] = std::move(checked).error();
-    }
-  }
-  std::size_t next = 0;
-  while (next < pending.size()) {
-    if (co_await cancelled_here()) {
-      fail_from(outcomes, pending, next, fetch_cancelled("before its batch"));
-      break;
-    }
-    if (version < batch_protocol_version) {
-      // An owner without batches: one object at a time.
-      const auto i = pending[next++];
-      const auto destination = registered_destination(*slots[i].region, slots[i].offset, slots[i].capacity);
-      outcomes[i] = co_await fetch(names[i], destination);
-      continue;
-    }
-    std::vector<std::size_t> batch;
-    std::size_t bytes = 0;
-    while (next < pending.size() && batch.size() < max_batch) {
-      const auto size = names[pending[next]].size() + 2;
-      if (!batch.empty() && bytes + size > batch_name_bytes) break;
-      bytes += size;
-      batch.push_back(pending[next++]);
-    }
-    auto fetched = co_await fetch_batch(batch, names, slots, outcomes);
-    if (!fetched) {
-      // The connection, the owner or the operation ended: nothing more is asked.
-      fail_from(outcomes, pending, next, fetched.error());
-      break;
-    }
-  }
-  co_return outcomes;
-}
-
-asio::awaitable<Result<void>> Consumer::State::fetch_batch(std::span<const std::size_t> batch,
-                                                           const std::vector<std::string>& names,
-                                                           const std::vector<FetchSlot>& slots,
-                                                           ManyFetched& outcomes) {
-  AcquireMany acquire;
-  acquire.wants_rdma = peer.has_value();
-  for (auto i : batch) acquire.names.push_back(names[i]);
-  auto reply = co_await request(std::move(acquire));
-  if (!reply) {
-    fail_from(outcomes, batch, 0, reply.error());
-    // The owner refused the batch (its limits) but kept the connection: the
-    // next batch may do better.
-    if (connection && connection->is_open()) co_return success();
-    co_return std::move(reply).error();
-  }
-  auto* granted = std::get_if<Granted>(&reply.value());
-  if (granted == nullptr || granted->grants.size() != batch.size()) {
-    connection->close();
-    Error wrong{errc::protocol, "owner answered acquire_many with something else"};
-    fail_from(outcomes, batch, 0, wrong);
-    co_return wrong;
-  }
-
-  // ---- what the owner granted -----------------------------------------------------
-  std::vector<Leased> leased;
-  std::uint32_t lease_timeout_ms = 0xffffffffU;
-  for (std::size_t k = 0; k < batch.size(); ++k) {
-    const auto i = batch[k];
-    auto& grant = granted->grants[k];
-    Leased object;
-    object.index = i;
-    if (std::holds_alternative<NotFound>(grant)) {
-      outcomes[i] = fail(errc::region_not_found, "owner has no object named '" + names[i] + "'");
-      continue;
-    }
-    if (auto* error = std::get_if<ErrorReply>(&grant)) {
-      outcomes[i] = from_reply(*error);
-      continue;
-    }
-    if (auto* chunked = std::get_if<Chunked>(&grant)) {
-      object.lease = chunked->lease;
-      object.chunk = chunked->chunk_size;
-      object.outcome.size = chunked->size;
-      object.outcome.reason = to_string(chunked->reason);
-      object.needs_chunks = true;
-      lease_timeout_ms = std::min(lease_timeout_ms, chunked->lease_timeout_ms);
-    } else {
-      const auto& rdma = std::get<RdmaGrant>(grant);
-      object.lease = rdma.lease;
-      object.rdma = &rdma;
-      object.outcome.size = rdma.size;
-      lease_timeout_ms = std::min(lease_timeout_ms, rdma.lease_timeout_ms);
-    }
-    if (object.outcome.size > slots[i].capacity) {
-      object.failed = Error{errc::out_of_range, "object of " + std::to_string(object.outcome.size) +
-                                                    " bytes does not fit its " + std::to_string(slots[i].capacity) +
-                                                    "-byte destination"};
-    }
-    leased.push_back(std::move(object));
-  }
-
-  // ---- every RDMA grant in one seam batch --------------------------------------------
-  std::optional<Error> ended;  // why the batch stopped short (cancelled, owner lost)
-  if (co_await cancelled_here()) ended = fetch_cancelled("after the owner granted it");
-  std::vector<BatchedGet> gets;
-  std::vector<Leased*> read;
-  for (auto& object : leased) {
-    if (object.failed) continue;
-    if (ended) {
-      object.failed = ended;
-      continue;
-    }
-    if (object.rdma == nullptr) continue;
-    auto descriptor = decode_descriptor(object.rdma->descriptor);
-    Result<RemoteKeyId> key = fail(errc::protocol, "descriptor length differs from the object size");
-    if (!descriptor) {
-      key = std::move(descriptor).error();
-    } else if (descriptor.value().len == object.outcome.size) {
-      key = co_await key_for(descriptor.value().packed_key);
-    }
-    if (!key) {
-      object.needs_chunks = true;
-      object.outcome.fell_back = true;
-      object.outcome.reason = "rdma failed: " + key.error().message();
-      continue;
-    }
-    auto remote = to_remote_region(descriptor.value());
-    remote.packed_key.clear();  // the imported key names it
-    const auto& slot = slots[object.index];
-    gets.push_back(BatchedGet{slot.region, std::move(remote), TransferRange{slot.offset, 0, object.outcome.size},
-                              key.value()});
-    read.push_back(&object);
-  }
-  if (!gets.empty()) {
-    std::optional<Result<BatchOutcome>> got;
-    const StartTransfer start = [&](asio::cancellation_slot slot, std::function<void()> answered) {
-      RegionGuard::async_get_batch(
-          *peer, std::move(gets),
-          asio::bind_cancellation_slot(slot, asio::bind_executor(executor, [&got, answered = std::move(answered)](
-                                                                               Result<BatchOutcome> outcome) {
-                                         got = std::move(outcome);
-                                         answered();
-                                       })));
-    };
-    std::vector<std::uint64_t> reading;
-    for (const auto* object : read) reading.push_back(object->lease);
-    ended = co_await supervise_transfer(reading, lease_timeout_ms, start);
-    // Which reads failed: all of them when the batch itself did.
-    std::vector<std::optional<Error>> read_failed(read.size());
-    if (!*got) {
-      std::fill(read_failed.begin(), read_failed.end(), got->error());
-    } else {
-      for (auto& failure : got->value().failures) read_failed[failure.index] = std::move(failure.error);
-    }
-    for (std::size_t r = 0; r < read.size(); ++r) {
-      auto& object = *read[r];
-      object.rdma = nullptr;
-      if (!read_failed[r]) {
-        object.outcome.path = Path::rdma;
-      } else if (ended) {
-        object.failed = ended;
-      } else {
-        // Exactly one fallback: this object's chunks, on the same lease.
-        object.needs_chunks = true;
-        object.outcome.fell_back = true;
-        object.outcome.reason = "rdma failed: " + read_failed[r]->message();
-      }
-    }
-  }
-  // No chunks, and no release, from a lost owner: its connection ended.
-  if (owner_lost) {
-    for (auto& object : leased) outcomes[object.index] = object.failed.value_or(*owner_lost);
-    co_return *owner_lost;
-  }
-
-  // ---- chunks for the rest -------------------------------------------------------------
-  for (auto& object : leased) {
-    if (object.failed || !object.needs_chunks) continue;
-    if (ended) {
-      object.failed = ended;
-      continue;
-    }
-    const auto& slot = slots[object.index];
-    const auto write = copy_into(slot.region->bytes().subspan(slot.offset, object.outcome.size));
-    auto pulled = co_await pull_all(object.lease, object.outcome.size, object.chunk, write);
-    if (pulled) {
-      object.outcome.path = Path::chunked;
-      continue;
-    }
-    object.failed = pulled.error();
-    if (pulled.error().is(errc::cancelled) || !connection->is_open()) ended = pulled.error();
-  }
-
-  // ---- one release for the batch ---------------------------------------------------------
-  std::vector<std::uint64_t> leases;
-  for (const auto& object : leased) leases.push_back(object.lease);
-  auto released = co_await release_many(std::move(leases));
-  for (auto& object : leased) {
-    if (object.failed) {
-      outcomes[object.index] = *object.failed;
-      continue;
-    }
-    if (released && released.value()[static_cast<std::size_t>(&object - leased.data())] ==
-                        static_cast<std::uint16_t>(errc::object_changed)) {
-      outcomes[object.index] = Error{errc::object_changed, "owner: the object was published again during the lease"};
-      continue;
-    }
-    if (object.outcome.path == Path::rdma) {
-      ++stats.decisions.rdma;
-    } else {
-      ++stats.decisions.chunked_by_reason[object.outcome.fell_back ? "rdma_failed" : object.outcome.reason];
-    }
-    if (object.outcome.fell_back) ++stats.fallbacks;
-    outcomes[object.index] = std::move(object.outcome);
-  }
-  if (ended) co_return *ended;
-  if (!released && !connection->is_open()) co_return std::move(released).error();
-  co_return success();
-}
-
-asio::awaitable<Result<std::vector<std::uint16_t>>> Consumer::State::release_many(std::vector<std::uint64_t> leases) {
-  if (leases.empty()) co_return std::vector<std::uint16_t>{};
-  const auto count = leases.size();
-  ReleaseMany message{std::move(leases)};
-  CORMA_CO_TRY(auto reply, co_await request(std::move(message)));
-  auto* answered = std::get_if<ReleasedMany>(&reply);
-  if (answered == nullptr || answered->codes.size() != count) {
-    co_return fail(errc::protocol, "owner answered release_many with something else");
-  }
-  co_return std::move(answered->codes);
+  ManyFetch fetch(*this, std::move(names), std::move(slots));
+  co_return co_await fetch.run();
 }
 
 }  // namespace corma

@@ -322,8 +322,13 @@ struct Owner::State : std::enable_shared_from_this<State> {
     std::uint16_t version = 0;        ///< the protocol version both sides speak
   };
 
+  /// The batch limit told to consumers: within what one answer frame holds,
+  /// and half the lease cap, so a consumer may have two batches leased at
+  /// once (one being read while the next is granted).
   std::uint16_t announced_batch() const {
-    return static_cast<std::uint16_t>(std::clamp<std::size_t>(config.max_batch_objects, 1, max_grants_per_frame));
+    const std::size_t half_the_leases = std::max<std::size_t>(config.max_leases_per_connection / 2, 1);
+    return static_cast<std::uint16_t>(
+        std::clamp<std::size_t>(std::min(config.max_batch_objects, half_the_leases), 1, max_grants_per_frame));
   }
 
   asio::awaitable<Greeting> handshake(FramedConnection& connection) {

@@ -93,7 +93,7 @@ class FetchMany : public Rendezvous {
 };
 
 TEST_F(FetchMany, ASetArrivesWholeInBatchesOfTheOwnersLimit) {
-  start_owner_with_objects(corma::OwnerConfig{.max_batch_objects = 64});
+  start_owner_with_objects(corma::OwnerConfig{.max_leases_per_connection = 128, .max_batch_objects = 64});
   auto c = consumer();
   EXPECT_EQ(c->protocol_version(), 2);
   auto [names, slots] = whole_set();
@@ -189,7 +189,7 @@ TEST_F(FetchMany, AVersionOneConsumerFetchesTheSetOneObjectAtATime) {
 }
 
 TEST_F(FetchMany, CancelledDuringTheRdmaReadReleasesEveryLeaseAndKeepsTheConnection) {
-  start_owner_with_objects(corma::OwnerConfig{.max_batch_objects = 32});
+  start_owner_with_objects(corma::OwnerConfig{.max_leases_per_connection = 64, .max_batch_objects = 32});
   auto c = consumer();
   auto [names, slots] = whole_set();
   consumer_backend->hold_transfers();
@@ -231,7 +231,7 @@ TEST_F(FetchMany, CancelledDuringTheRdmaReadReleasesEveryLeaseAndKeepsTheConnect
 // ---- hostile batches from a raw client ---------------------------------------------
 
 TEST_F(Rendezvous, ABatchOverTheOwnersLimitIsRefusedWholeAndTheConnectionServesOn) {
-  start_owner(64 << 20, corma::OwnerConfig{.max_batch_objects = 64});
+  start_owner(64 << 20, corma::OwnerConfig{.max_leases_per_connection = 128, .max_batch_objects = 64});
   corma::testing::run(io, [&]() -> asio::awaitable<void> {
     auto client = co_await RawClient::connect(acceptor.local_endpoint());
     auto request1 = message(rv::Hello{});
@@ -263,25 +263,26 @@ TEST_F(Rendezvous, ABatchOverTheOwnersLimitIsRefusedWholeAndTheConnectionServesO
   }());
 }
 
-TEST_F(Rendezvous, BatchLeaseCapsAnswerEachObjectOverTheCap) {
+TEST_F(Rendezvous, TheLeaseCapAnswersEachObjectOfABatchOverIt) {
   start_owner(64 << 20, corma::OwnerConfig{.max_leases_per_connection = 4, .max_batch_objects = 8});
   corma::testing::run(io, [&]() -> asio::awaitable<void> {
     auto client = co_await RawClient::connect(acceptor.local_endpoint());
-    auto request5 = message(rv::Hello{});
-    (void)co_await client.ask(std::move(request5));
-    rv::AcquireMany eight{std::vector<std::string>(8, "small"), false};
-    auto request6 = message(std::move(eight));
-    auto granted = co_await client.ask(std::move(request6));
-    auto* answers = granted ? std::get_if<rv::Granted>(&granted.value()) : nullptr;
-    EXPECT_TRUE(answers != nullptr && answers->grants.size() == 8U);
-    if (answers == nullptr) co_return;
-    for (std::size_t i = 0; i < 8; ++i) {
-      auto* error = std::get_if<rv::ErrorReply>(&answers->grants[i]);
-      EXPECT_EQ(error != nullptr, i >= 4) << i;
-      if (error != nullptr) {
-        EXPECT_EQ(error->code, static_cast<std::uint16_t>(errc::budget_exceeded));
-      }
+    auto hello_request = message(rv::Hello{});
+    auto hello = co_await client.ask(std::move(hello_request));
+    auto* ok = hello ? std::get_if<rv::HelloOk>(&hello.value()) : nullptr;
+    EXPECT_TRUE(ok != nullptr && ok->max_batch == 2) << "half the lease cap, so two batches may be leased";
+    for (int i = 0; i < 3; ++i) {
+      auto single = message(rv::Acquire{"small", false});
+      (void)co_await client.ask(std::move(single));
     }
+    auto pair = message(rv::AcquireMany{{"small", "big"}, false});
+    auto granted = co_await client.ask(std::move(pair));
+    auto* answers = granted ? std::get_if<rv::Granted>(&granted.value()) : nullptr;
+    EXPECT_TRUE(answers != nullptr && answers->grants.size() == 2U);
+    if (answers == nullptr) co_return;
+    EXPECT_TRUE(std::holds_alternative<rv::Chunked>(answers->grants[0]));
+    auto* error = std::get_if<rv::ErrorReply>(&answers->grants[1]);
+    EXPECT_TRUE(error != nullptr && error->code == static_cast<std::uint16_t>(errc::budget_exceeded));
     EXPECT_EQ(owner->stats().live_leases, 4U);
   }());
 }
