@@ -54,6 +54,11 @@ inline bool same(const rv::ErrorReply& a, const rv::ErrorReply& b) {
   return a.code == b.code && a.detail == b.detail;
 }
 
+inline bool same(const rv::RdmaWindow& a, const rv::RdmaWindow& b) {
+  return a.lease == b.lease && a.size == b.size && a.lease_timeout_ms == b.lease_timeout_ms && a.offset == b.offset &&
+         a.window_len == b.window_len && a.descriptor == b.descriptor;
+}
+inline bool same(const rv::NextWindow& a, const rv::NextWindow& b) { return a.lease == b.lease && a.offset == b.offset; }
 inline bool same(const rv::AcquireMany& a, const rv::AcquireMany& b) {
   return a.names == b.names && a.wants_rdma == b.wants_rdma;
 }

@@ -65,6 +65,13 @@ struct OwnerConfig {
   /// refused the same way (a flood of silent connections cannot crowd out
   /// the consumers that talk).
   std::size_t max_handshakes = 128;
+  /// An object whose registration does not fit the budget is lent to a
+  /// version 2 consumer in windows: slices registered one after the other
+  /// under its lease, each an equal share of the budget left among the
+  /// windowed leases, within [min_window, max_window]. Only when not even
+  /// min_window fits is it served in chunks (reason `no_window`).
+  std::uint64_t min_window = 1 << 20;
+  std::uint64_t max_window = 64 << 20;
   /// Keeps published objects registered between leases, so a repeated fetch
   /// costs no registration on this side. Cached exports nobody is reading
   /// are deregistered when a new export needs their room in the budget, and
@@ -88,6 +95,7 @@ struct OwnerStats {
   std::uint64_t refused_connections = 0;  ///< turned away at max_connections / max_handshakes
   std::uint64_t exports_registered = 0;  ///< registrations made for leases, ever
   std::uint64_t exports_evicted = 0;     ///< cached exports given up for room in the budget
+  std::uint64_t windows = 0;             ///< windows registered for objects larger than the budget holds
 };
 
 /// Runs on one executor (give it a single-threaded io_context or a strand):

@@ -298,30 +298,62 @@ asio::awaitable<std::optional<Error>> Consumer::State::supervise_transfer(std::s
   co_return stopped;
 }
 
-asio::awaitable<Result<void>> Consumer::State::rdma_get_into(const RdmaGrant& grant, RegionGuard& guard,
-                                                             std::uint64_t offset) {
-  CORMA_CO_TRY(auto descriptor, decode_descriptor(grant.descriptor));
-  if (descriptor.len != grant.size) co_return fail(errc::protocol, "descriptor length differs from the object size");
+asio::awaitable<Result<void>> Consumer::State::read_remote(const std::vector<std::byte>& descriptor_bytes,
+                                                           std::uint64_t len, std::uint64_t lease,
+                                                           std::uint32_t lease_timeout_ms, RegionGuard& guard,
+                                                           std::uint64_t offset) {
+  CORMA_CO_TRY(auto descriptor, decode_descriptor(descriptor_bytes));
+  if (descriptor.len != len) co_return fail(errc::protocol, "descriptor length differs from what was granted");
   std::optional<Result<void>> got;
   const auto remote = to_remote_region(descriptor);
   const StartTransfer start = [&](asio::cancellation_slot slot, std::function<void()> answered) {
-    guard.async_get(*peer, remote, TransferRange{offset, 0, grant.size},
+    guard.async_get(*peer, remote, TransferRange{offset, 0, len},
                     asio::bind_cancellation_slot(
                         slot, asio::bind_executor(executor, [&got, answered = std::move(answered)](Result<void> r) {
                           got = std::move(r);
                           answered();
                         })));
   };
-  const std::uint64_t leases[] = {grant.lease};
-  auto stopped = co_await supervise_transfer(leases, grant.lease_timeout_ms, start);
+  const std::uint64_t leases[] = {lease};
+  auto stopped = co_await supervise_transfer(leases, lease_timeout_ms, start);
   if (!*got && stopped) co_return std::move(*stopped);
   co_return std::move(*got);
 }
 
-asio::awaitable<Result<void>> Consumer::State::rdma_get(const RdmaGrant& grant, std::span<std::byte> into,
-                                                        const std::function<void(DeregisteredEvent)>& keep_until) {
+asio::awaitable<Result<void>> Consumer::State::rdma_get_into(const RdmaGrant& grant, RegionGuard& guard,
+                                                             std::uint64_t offset) {
+  co_return co_await read_remote(grant.descriptor, grant.size, grant.lease, grant.lease_timeout_ms, guard, offset);
+}
+
+asio::awaitable<Result<void>> Consumer::State::read_windows(const RdmaWindow& first, RegionGuard& guard,
+                                                            std::uint64_t base, const ChunkSink& sink) {
+  RdmaWindow window = first;
+  for (std::uint64_t expected = 0;;) {
+    if (window.lease != first.lease || window.size != first.size || window.offset != expected) {
+      co_return fail(errc::protocol, "owner lent a window other than the next one");
+    }
+    CORMA_CO_TRY(co_await read_remote(window.descriptor, window.window_len, window.lease, window.lease_timeout_ms,
+                                      guard, base + window.offset));
+    if (sink) {
+      CORMA_CO_TRY(sink(window.offset, guard.bytes().subspan(base + window.offset, window.window_len)));
+    }
+    expected = window.offset + window.window_len;
+    if (config.on_progress) config.on_progress(expected, window.size);
+    if (expected >= window.size) co_return success();
+    if (co_await cancelled_here()) co_return fetch_cancelled("between two windows");
+    NextWindow next{window.lease, expected};
+    CORMA_CO_TRY(auto reply, co_await request(next));
+    auto* lent = std::get_if<RdmaWindow>(&reply);
+    if (lent == nullptr) co_return fail(errc::protocol, "owner answered next_window with something else");
+    window = std::move(*lent);
+  }
+}
+
+asio::awaitable<Result<void>> Consumer::State::rdma_get(std::span<std::byte> into,
+                                                        const std::function<void(DeregisteredEvent)>& keep_until,
+                                                        const ReadInto& read) {
   CORMA_CO_TRY(auto guard, co_await registry->async_register(into, Access::local, asio::use_awaitable));
-  auto got = co_await rdma_get_into(grant, guard, 0);
+  auto got = co_await read(guard, 0);
   if (!got) {
     // A failed get may have been answered before it ended (cancelled,
     // with its owner or by the fetch, or past its deadline), and a
@@ -379,31 +411,41 @@ asio::awaitable<Result<FetchOutcome>> Consumer::State::fetch(std::string name, c
   } else if (auto* grant = std::get_if<RdmaGrant>(&reply)) {
     lease = grant->lease;
     fetched.size = grant->size;
+  } else if (auto* window = std::get_if<RdmaWindow>(&reply)) {
+    lease = window->lease;
+    fetched.size = window->size;
   } else {
     co_return fail(errc::protocol, "owner answered an acquire with something else");
   }
+  const auto* grant = std::get_if<RdmaGrant>(&reply);
+  const auto* window = std::get_if<RdmaWindow>(&reply);
   if (co_await cancelled_here()) {
     (void)co_await release(lease);
     co_return fetch_cancelled("after the owner granted it");
   }
   // A streamed chunked fetch needs no memory of its own.
   Result<std::span<std::byte>> into = std::span<std::byte>{};
-  if (!destination.sink || std::holds_alternative<RdmaGrant>(reply)) {
+  if (!destination.sink || grant != nullptr || window != nullptr) {
     into = co_await span_to_fill(destination, lease, fetched.size);
     if (!into) co_return std::move(into).error();
   }
 
-  if (auto* grant = std::get_if<RdmaGrant>(&reply)) {
+  if (grant != nullptr || window != nullptr) {
+    // Windows go to the sink one by one as they land; a whole grant after.
+    const ReadInto read = [&](RegionGuard& guard, std::uint64_t base) {
+      return grant != nullptr ? rdma_get_into(*grant, guard, base)
+                              : read_windows(*window, guard, base, destination.sink);
+    };
     // (Not a conditional expression: g++ 12 mishandles co_await inside one.)
     Result<void> got = success();
     if (destination.registered != nullptr) {
-      got = co_await rdma_get_into(*grant, *destination.registered, destination.registered_offset);
+      got = co_await read(*destination.registered, destination.registered_offset);
     } else {
-      got = co_await rdma_get(*grant, into.value(), destination.keep_until);
+      got = co_await rdma_get(into.value(), destination.keep_until, read);
     }
-    if (got && destination.sink) got = destination.sink(0, into.value().first(fetched.size));
+    if (got && destination.sink && grant != nullptr) got = destination.sink(0, into.value().first(fetched.size));
     if (got) {
-      if (config.on_progress) config.on_progress(fetched.size, fetched.size);
+      if (config.on_progress && grant != nullptr) config.on_progress(fetched.size, fetched.size);
       fetched.path = Path::rdma;
       CORMA_CO_TRY(co_await release(lease));
       ++stats.decisions.rdma;

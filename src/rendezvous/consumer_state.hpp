@@ -120,12 +120,25 @@ struct Consumer::State {
   Awaitable<std::optional<Error>> supervise_transfer(std::span<const std::uint64_t> leases,
                                                      std::uint32_t lease_timeout_ms, const StartTransfer& start);
 
-  /// Gets the granted object into `guard` at `offset`, supervised.
+  /// Gets the `len` bytes a descriptor names into `guard` at `offset`,
+  /// supervised (keeping `lease` alive).
+  Awaitable<Result<void>> read_remote(const std::vector<std::byte>& descriptor, std::uint64_t len,
+                                      std::uint64_t lease, std::uint32_t lease_timeout_ms, RegionGuard& guard,
+                                      std::uint64_t offset);
+  /// Gets the granted object into `guard` at `offset`.
   Awaitable<Result<void>> rdma_get_into(const rendezvous::RdmaGrant& grant, RegionGuard& guard,
                                         std::uint64_t offset);
-  /// The same into memory registered for this one transfer.
-  Awaitable<Result<void>> rdma_get(const rendezvous::RdmaGrant& grant, std::span<std::byte> into,
-                                   const std::function<void(DeregisteredEvent)>& keep_until);
+  /// Reads an object lent in windows into `guard` at `base`: each window
+  /// where it belongs, then the next one asked for, until the object is
+  /// whole; `sink` (may be empty) is handed each window as it lands.
+  Awaitable<Result<void>> read_windows(const rendezvous::RdmaWindow& first, RegionGuard& guard, std::uint64_t base,
+                                       const ChunkSink& sink);
+  /// A read into a registered region, at `base` in it.
+  using ReadInto = std::function<Awaitable<Result<void>>(RegionGuard& guard, std::uint64_t base)>;
+  /// `read` into memory registered for it alone (at its start), deregistered
+  /// after; a failed read's memory is handed to `keep_until`.
+  Awaitable<Result<void>> rdma_get(std::span<std::byte> into, const std::function<void(DeregisteredEvent)>& keep_until,
+                                   const ReadInto& read);
   /// The key imported for `packed` (once per packed key and peer).
   Awaitable<Result<RemoteKeyId>> key_for(const PackedKey& packed);
 

@@ -29,6 +29,7 @@ struct Leased {
   std::uint64_t lease = 0;
   std::uint32_t chunk = fallback_chunk;
   const RdmaGrant* rdma = nullptr;  ///< the grant, while an RDMA read is still to be tried
+  const RdmaWindow* window = nullptr;  ///< the first window of an object lent in windows
   FetchOutcome outcome;
   std::optional<Error> failed;      ///< set once the object has failed
   bool needs_chunks = false;
@@ -184,6 +185,10 @@ class ManyFetch {
         object.outcome.reason = to_string(chunked->reason);
         object.needs_chunks = true;
         lease_timeout_ms_ = std::min(lease_timeout_ms_, chunked->lease_timeout_ms);
+      } else if (auto* window = std::get_if<RdmaWindow>(&grant)) {
+        object.lease = window->lease;
+        object.window = window;
+        object.outcome.size = window->size;
       } else {
         const auto& rdma = std::get<RdmaGrant>(grant);
         object.lease = rdma.lease;
@@ -205,6 +210,7 @@ class ManyFetch {
   /// failed (exactly one fallback each).
   asio::awaitable<void> read(Batch& batch) {
     co_await read_rdma(batch);
+    for (auto& object : batch.leased) co_await read_windows(object);
     for (auto& object : batch.leased) {
       if (object.failed || !object.needs_chunks) continue;
       if (ended_) {
@@ -277,6 +283,29 @@ class ManyFetch {
         object.outcome.fell_back = true;
         object.outcome.reason = "rdma failed: " + failed[r]->message();
       }
+    }
+  }
+
+  /// An object lent in windows, one window after the other (the owner
+  /// lends them one at a time).
+  asio::awaitable<void> read_windows(Leased& object) {
+    if (object.window == nullptr || object.failed) co_return;
+    const auto* first = std::exchange(object.window, nullptr);
+    if (ended_) {
+      object.failed = ended_;
+      co_return;
+    }
+    const auto& slot = slots_[object.index];
+    auto got = co_await s_.read_windows(*first, *slot.region, slot.offset, {});
+    if (got) {
+      object.outcome.path = Path::rdma;
+    } else if (s_.owner_lost || got.error().is(errc::cancelled)) {
+      ended_ = s_.owner_lost.value_or(got.error());
+      object.failed = ended_;
+    } else {
+      object.needs_chunks = true;
+      object.outcome.fell_back = true;
+      object.outcome.reason = "rdma failed: " + got.error().message();
     }
   }
 

@@ -69,12 +69,33 @@ void put_payload(Writer& out, const Acquire& m) {
   out.u8(m.wants_rdma ? 1 : 0);
 }
 
+/// What an RDMA grant and a window share ahead of their own fields.
+void put_lease_terms(Writer& out, std::uint64_t lease, std::uint64_t size, std::uint32_t lease_timeout_ms) {
+  out.u64(lease);
+  out.u64(size);
+  out.u32(lease_timeout_ms);
+}
+
+void put_descriptor(Writer& out, const std::vector<std::byte>& descriptor) {
+  out.u32(checked_length<std::uint32_t>(descriptor.size(), "descriptor"));
+  out.bytes(descriptor);
+}
+
 void put_payload(Writer& out, const RdmaGrant& m) {
+  put_lease_terms(out, m.lease, m.size, m.lease_timeout_ms);
+  put_descriptor(out, m.descriptor);
+}
+
+void put_payload(Writer& out, const RdmaWindow& m) {
+  put_lease_terms(out, m.lease, m.size, m.lease_timeout_ms);
+  out.u64(m.offset);
+  out.u64(m.window_len);
+  put_descriptor(out, m.descriptor);
+}
+
+void put_payload(Writer& out, const NextWindow& m) {
   out.u64(m.lease);
-  out.u64(m.size);
-  out.u32(m.lease_timeout_ms);
-  out.u32(checked_length<std::uint32_t>(m.descriptor.size(), "descriptor"));
-  out.bytes(m.descriptor);
+  out.u64(m.offset);
 }
 
 void put_payload(Writer& out, const Chunked& m) {
@@ -130,7 +151,7 @@ void put_payload(Writer& out, const AcquireMany& m) {
 
 /// The message type each alternative of Grant travels as, in Grant's order.
 constexpr MessageType grant_types[] = {MessageType::rdma_grant, MessageType::chunked, MessageType::not_found,
-                                       MessageType::error};
+                                       MessageType::error, MessageType::rdma_window};
 static_assert(std::size(grant_types) == std::variant_size_v<Grant>);
 
 void put_payload(Writer& out, const Granted& m) {
@@ -212,18 +233,46 @@ Result<Acquire> get_acquire(Reader& in) {
   return m;
 }
 
+/// u32 length + an encoded descriptor (1..its largest size; decoded by the reader).
+Result<std::vector<std::byte>> get_descriptor(Reader& in, std::string_view message) {
+  const std::string field = std::string(message) + " descriptor";
+  CORMA_TRY(auto len, in.u32(field + " length"));
+  constexpr std::size_t max_descriptor = Descriptor::header_size + max_packed_key_size;
+  if (len == 0 || len > max_descriptor) {
+    return fail(errc::protocol, field + " of " + std::to_string(len) + " bytes is outside 1.." +
+                                std::to_string(max_descriptor));
+  }
+  return in.byte_vector(len, field);
+}
+
 Result<RdmaGrant> get_rdma_grant(Reader& in) {
   RdmaGrant m;
   CORMA_TRY(m.lease, in.u64("rdma_grant lease"));
   CORMA_TRY(m.size, in.u64("rdma_grant size"));
   CORMA_TRY(m.lease_timeout_ms, in.u32("rdma_grant lease timeout"));
-  CORMA_TRY(auto len, in.u32("rdma_grant descriptor length"));
-  constexpr std::size_t max_descriptor = Descriptor::header_size + max_packed_key_size;
-  if (len == 0 || len > max_descriptor) {
-    return fail(errc::protocol, "rdma_grant descriptor of " + std::to_string(len) + " bytes is outside 1.." +
-                                std::to_string(max_descriptor));
+  CORMA_TRY(m.descriptor, get_descriptor(in, "rdma_grant"));
+  return m;
+}
+
+Result<RdmaWindow> get_rdma_window(Reader& in) {
+  RdmaWindow m;
+  CORMA_TRY(m.lease, in.u64("rdma_window lease"));
+  CORMA_TRY(m.size, in.u64("rdma_window size"));
+  CORMA_TRY(m.lease_timeout_ms, in.u32("rdma_window lease timeout"));
+  CORMA_TRY(m.offset, in.u64("rdma_window offset"));
+  CORMA_TRY(m.window_len, in.u64("rdma_window length"));
+  if (m.window_len == 0 || m.offset > m.size || m.window_len > m.size - m.offset) {
+    return fail(errc::protocol, "rdma_window [" + std::to_string(m.offset) + ", +" + std::to_string(m.window_len) +
+                                ") is empty or outside the object's " + std::to_string(m.size) + " bytes");
   }
-  CORMA_TRY(m.descriptor, in.byte_vector(len, "rdma_grant descriptor"));
+  CORMA_TRY(m.descriptor, get_descriptor(in, "rdma_window"));
+  return m;
+}
+
+Result<NextWindow> get_next_window(Reader& in) {
+  NextWindow m;
+  CORMA_TRY(m.lease, in.u64("next_window lease"));
+  CORMA_TRY(m.offset, in.u64("next_window offset"));
   return m;
 }
 
@@ -236,7 +285,7 @@ Result<Chunked> get_chunked(Reader& in) {
   CORMA_TRY(m.lease_timeout_ms, in.u32("chunked lease timeout"));
   CORMA_TRY(auto reason, in.u8("chunked reason"));
   if (reason < static_cast<std::uint8_t>(ChunkedReason::budget) ||
-      reason > static_cast<std::uint8_t>(ChunkedReason::registration_failed)) {
+      reason > static_cast<std::uint8_t>(ChunkedReason::no_window)) {
     return fail(errc::protocol, "unknown chunked reason " + std::to_string(reason));
   }
   m.reason = static_cast<ChunkedReason>(reason);
@@ -332,6 +381,10 @@ Result<Grant> get_grant(Reader& in) {
       CORMA_TRY(auto error, get_error(in));
       return Grant{std::move(error)};
     }
+    case MessageType::rdma_window: {
+      CORMA_TRY(auto window, get_rdma_window(in));
+      return Grant{std::move(window)};
+    }
     default: return fail(errc::protocol, "granted answer of type " + std::to_string(type) + " is not an acquire answer");
   }
 }
@@ -395,13 +448,15 @@ Result<Message> get_payload(MessageType type, Reader& in) {
     case MessageType::granted: return widen(get_granted(in));
     case MessageType::release_many: return widen(get_release_many(in));
     case MessageType::released_many: return widen(get_released_many(in));
+    case MessageType::rdma_window: return widen(get_rdma_window(in));
+    case MessageType::next_window: return widen(get_next_window(in));
   }
   return fail(errc::protocol, "unknown message type " + std::to_string(static_cast<unsigned>(type)));
 }
 
 bool known_type(std::uint8_t value) noexcept {
   return value >= static_cast<std::uint8_t>(MessageType::hello) &&
-         value <= static_cast<std::uint8_t>(MessageType::released_many);
+         value <= static_cast<std::uint8_t>(MessageType::next_window);
 }
 
 std::string_view type_name(MessageType type) noexcept {
@@ -423,6 +478,8 @@ std::string_view type_name(MessageType type) noexcept {
     case MessageType::granted: return "granted";
     case MessageType::release_many: return "release_many";
     case MessageType::released_many: return "released_many";
+    case MessageType::rdma_window: return "rdma_window";
+    case MessageType::next_window: return "next_window";
   }
   return "unknown";
 }
@@ -438,6 +495,7 @@ std::string_view to_string(ChunkedReason reason) noexcept {
     case ChunkedReason::no_offer: return "no_offer";
     case ChunkedReason::backend_mismatch: return "backend_mismatch";
     case ChunkedReason::registration_failed: return "registration_failed";
+    case ChunkedReason::no_window: return "no_window";
   }
   return "unknown";
 }
@@ -461,6 +519,8 @@ MessageType type_of(const Message& message) noexcept {
                         [](const Granted&) { return MessageType::granted; },
                         [](const ReleaseMany&) { return MessageType::release_many; },
                         [](const ReleasedMany&) { return MessageType::released_many; },
+                        [](const RdmaWindow&) { return MessageType::rdma_window; },
+                        [](const NextWindow&) { return MessageType::next_window; },
                     },
                     message);
 }

@@ -20,7 +20,8 @@ namespace corma::rendezvous {
 inline constexpr std::uint16_t protocol_version = 2;
 inline constexpr std::uint16_t oldest_protocol_version = 1;
 /// Version 2 adds the batch frames (acquire_many, granted, release_many,
-/// released_many) and hello_ok's max_batch.
+/// released_many), hello_ok's max_batch, and RDMA windows (rdma_window,
+/// next_window).
 inline constexpr std::uint16_t batch_protocol_version = 2;
 /// u32 body length, u8 type, u8 reserved, u16 reserved, u64 request id.
 inline constexpr std::size_t frame_header_size = 16;
@@ -55,6 +56,8 @@ enum class MessageType : std::uint8_t {
   granted = 15,
   release_many = 16,
   released_many = 17,
+  rdma_window = 18,
+  next_window = 19,
 };
 
 /// Why an owner answered `chunked` instead of granting RDMA.
@@ -66,6 +69,7 @@ enum class ChunkedReason : std::uint8_t {
   no_offer = 5,             ///< the consumer made no RDMA offer
   backend_mismatch = 6,     ///< the consumer offered another backend
   registration_failed = 7,  ///< the backend refused the registration
+  no_window = 8,            ///< not even the smallest window fits the budget (version 2)
 };
 [[nodiscard]] std::string_view to_string(ChunkedReason reason) noexcept;
 
@@ -128,6 +132,25 @@ struct ErrorReply {
   std::string detail;
 };
 
+/// Version 2: an object larger than what the owner's budget holds is lent
+/// in windows: [offset, offset + window_len) registered on its own, with its
+/// own descriptor, under the object's lease. Answers an acquire (or an
+/// entry of `granted`) with the first window, and each next_window.
+struct RdmaWindow {
+  std::uint64_t lease = 0;
+  std::uint64_t size = 0;          ///< the whole object's
+  std::uint32_t lease_timeout_ms = 0;
+  std::uint64_t offset = 0;        ///< where the window starts in the object
+  std::uint64_t window_len = 0;    ///< > 0; the descriptor's length
+  std::vector<std::byte> descriptor;
+};
+/// Version 2: moves a windowed lease's window to start at `offset`, the end
+/// of the current one (windows only move forward).
+struct NextWindow {
+  std::uint64_t lease = 0;
+  std::uint64_t offset = 0;
+};
+
 /// Version 2: many objects in one request. The owner answers `granted`,
 /// one answer per name in the same order.
 struct AcquireMany {
@@ -135,7 +158,7 @@ struct AcquireMany {
   bool wants_rdma = false;
 };
 /// One object's answer in `granted`: what `acquire` would have answered.
-using Grant = std::variant<RdmaGrant, Chunked, NotFound, ErrorReply>;
+using Grant = std::variant<RdmaGrant, Chunked, NotFound, ErrorReply, RdmaWindow>;
 struct Granted {
   std::vector<Grant> grants;
 };
@@ -153,13 +176,13 @@ struct ReleasedMany {
 /// The largest encoding of one answer in `granted` (a grant with the
 /// largest descriptor), and so the most answers a `granted` frame of
 /// default_max_frame_body always holds: an owner never announces more.
-inline constexpr std::size_t max_grant_size = 1 + 8 + 8 + 4 + 4 + Descriptor::header_size + max_packed_key_size;
+inline constexpr std::size_t max_grant_size = 1 + 8 + 8 + 4 + 8 + 8 + 4 + Descriptor::header_size + max_packed_key_size;
 inline constexpr std::size_t max_grants_per_frame = (default_max_frame_body - frame_fixed_body - 2) / max_grant_size;
 static_assert(max_grants_per_frame >= 64 && max_grants_per_frame <= max_batch_objects);
 
 using Message = std::variant<Hello, HelloOk, Acquire, RdmaGrant, Chunked, NotFound, Pull, Data, Renew,
                              Renewed, Release, Released, ErrorReply, AcquireMany, Granted, ReleaseMany,
-                             ReleasedMany>;
+                             ReleasedMany, RdmaWindow, NextWindow>;
 
 struct Frame {
   std::uint64_t request_id = 0;

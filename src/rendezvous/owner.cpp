@@ -12,6 +12,8 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
+#include <unistd.h>
+
 #include <list>
 #include <map>
 #include <set>
@@ -53,8 +55,12 @@ struct Lease {
   /// For published objects: the publication this lease reads. A release after
   /// the name was published again answers `object_changed`.
   std::optional<std::uint64_t> publication;
-  std::shared_ptr<Export> exported;  // empty for chunked leases
+  std::shared_ptr<Export> exported;  // empty for chunked leases; the current window for windowed ones
   clock_type::time_point deadline;
+  /// Lent in windows (protocol version 2): `exported` registers
+  /// [window_end - its length, window_end) of the object.
+  bool windowed = false;
+  std::uint64_t window_end = 0;
 };
 
 ErrorReply error_reply(const Error& error) {
@@ -85,6 +91,7 @@ struct Owner::State : std::enable_shared_from_this<State> {
   /// never scans every lease.
   std::unordered_map<std::uint64_t, std::unordered_set<std::uint64_t>> session_leases;
   std::size_t handshakes = 0;  // connections that have not finished their hello
+  std::size_t windowed_leases = 0;  // leases lent in windows now: they share the budget
   /// Exports whose leases stop() dropped, kept (registered, bytes alive)
   /// until the Owner goes: see Owner::stop().
   std::vector<std::shared_ptr<Export>> retired;
@@ -121,6 +128,7 @@ struct Owner::State : std::enable_shared_from_this<State> {
   }
 
   std::map<std::uint64_t, Lease>::iterator erase_lease(std::map<std::uint64_t, Lease>::iterator it) {
+    if (it->second.windowed) --windowed_leases;
     if (auto owner = session_leases.find(it->second.session); owner != session_leases.end()) {
       owner->second.erase(it->first);
       if (owner->second.empty()) session_leases.erase(owner);
@@ -208,7 +216,9 @@ struct Owner::State : std::enable_shared_from_this<State> {
     co_return exported;
   }
 
-  asio::awaitable<Grant> acquire(std::uint64_t session, bool rdma_peer, Acquire request) {
+  /// `windows`: the consumer speaks version 2, so an object whose
+  /// registration does not fit the budget may be lent in windows.
+  asio::awaitable<Grant> acquire(std::uint64_t session, bool rdma_peer, bool windows, Acquire request) {
     auto object = find(request.name);
     if (!object) {
       if (object.error().is(errc::region_not_found)) {
@@ -243,6 +253,15 @@ struct Owner::State : std::enable_shared_from_this<State> {
       auto exported = co_await export_object(request.name, lease.object, cacheable);
       if (exported) {
         lease.exported = std::move(exported).value();
+      } else if (windows && exported.error().is(errc::budget_exceeded)) {
+        auto window = co_await export_window(lease.object, 0, windowed_leases + 1);
+        if (window) {
+          lease.exported = std::move(window).value();
+          lease.windowed = true;
+          lease.window_end = lease.exported->guard.size();
+        } else {
+          reason = window.error().is(errc::budget_exceeded) ? ChunkedReason::no_window : reason_for(window.error());
+        }
       } else {
         reason = reason_for(exported.error());
       }
@@ -257,8 +276,95 @@ struct Owner::State : std::enable_shared_from_this<State> {
     }
     ++stats.decisions.rdma;
     auto descriptor = lease.exported->descriptor;
+    if (lease.windowed) {
+      ++windowed_leases;
+      const auto window_len = lease.window_end;
+      add_lease(id, std::move(lease));
+      co_return RdmaWindow{id, size, timeout_ms, 0, window_len, std::move(descriptor)};
+    }
     add_lease(id, std::move(lease));
     co_return RdmaGrant{id, size, timeout_ms, std::move(descriptor)};
+  }
+
+  /// The length of a window starting at `start`, for one of `sharers`
+  /// leases lent in windows now: the budget split in `sharers + 1` shares
+  /// (one kept free, so a newcomer finds room and the shares shrink as
+  /// each lease moves on), within what is left, [min_window, max_window],
+  /// and never past the object's end. The budget charges whole pages, so a
+  /// window is a whole number of pages, less one when it starts off a page
+  /// boundary.
+  std::uint64_t window_length(const std::byte* start, std::uint64_t remaining, std::size_t sharers) const {
+    const auto budget = registry->stats();
+    const auto used = budget.registered_bytes + budget.reserved_bytes;
+    const auto left = budget.budget_bytes > used ? budget.budget_bytes - used : 0;
+    const auto page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+    auto share = std::min<std::uint64_t>(left, budget.budget_bytes / (sharers + 1));
+    if (reinterpret_cast<std::uintptr_t>(start) % page != 0) share = share > page ? share - page : 0;
+    share -= share % page;
+    share = std::clamp<std::uint64_t>(share, config.min_window, std::max(config.max_window, config.min_window));
+    return std::min(share, remaining);
+  }
+
+  /// Registers the window of `object` starting at `offset` (read-only, for
+  /// this lease alone): as long as window_length() says, shorter when that
+  /// does not fit (idle cached exports are given up first), down to
+  /// min_window. `budget_exceeded` when not even that fits.
+  asio::awaitable<Result<std::shared_ptr<Export>>> export_window(const PublishedObject& object,
+                                                                  std::uint64_t offset, std::size_t sharers) {
+    const std::uint64_t remaining = object.bytes.size() - offset;
+    std::uint64_t len = window_length(object.bytes.data() + offset, remaining, sharers);
+    const std::uint64_t smallest = std::min<std::uint64_t>(std::max<std::uint64_t>(config.min_window, 1), remaining);
+    for (;;) {
+      std::span<std::byte> memory(const_cast<std::byte*>(object.bytes.data()) + offset, len);
+      auto guard = co_await registry->async_register(memory, Access::remote_read, asio::use_awaitable);
+      if (guard) {
+        CORMA_CO_TRY(auto descriptor, describe(guard.value().remote()));
+        ++stats.windows;
+        co_return std::make_shared<Export>(std::move(guard).value(), encode(descriptor), object.keepalive);
+      }
+      if (!guard.error().is(errc::budget_exceeded)) co_return std::move(guard).error();
+      if (co_await evict_idle_exports()) continue;
+      if (len <= smallest) co_return std::move(guard).error();
+      len = std::max(smallest, len / 2);
+    }
+  }
+
+  /// Moves a windowed lease's window forward to start where the current one
+  /// ends: the current window is deregistered first (its bytes back in the
+  /// budget), then the next registered. Asked out of order, past the end,
+  /// or on a lease not lent in windows, it is refused and the lease kept.
+  asio::awaitable<Message> next_window(std::uint64_t session, NextWindow request) {
+    Lease* lease = lease_of(session, request.lease);
+    if (lease == nullptr) {
+      ++stats.refused_requests;
+      co_return error_reply(Error{errc::region_not_found, "no such lease on this connection"});
+    }
+    if (!lease->windowed) {
+      ++stats.refused_requests;
+      co_return error_reply(Error{errc::out_of_range, "this lease is not lent in windows"});
+    }
+    const auto size = lease->object.bytes.size();
+    if (request.offset != lease->window_end || request.offset >= size) {
+      ++stats.refused_requests;
+      co_return error_reply(Error{errc::out_of_range, "windows move forward: the next one starts at " +
+                                                          std::to_string(lease->window_end) + " of " +
+                                                          std::to_string(size)});
+    }
+    refresh(*lease);
+    const auto object = lease->object;
+    if (auto current = std::move(lease->exported); current) {
+      (void)co_await current->guard.async_deregister(asio::use_awaitable);
+    }
+    auto window = co_await export_window(object, request.offset, std::max<std::size_t>(windowed_leases, 1));
+    // The lease may have gone meanwhile (reaped, or its connection closed).
+    lease = lease_of(session, request.lease);
+    if (lease == nullptr) co_return error_reply(Error{errc::region_not_found, "the lease ended meanwhile"});
+    if (!window) co_return error_reply(std::move(window).error());
+    lease->exported = std::move(window).value();
+    lease->window_end = request.offset + lease->exported->guard.size();
+    refresh(*lease);
+    co_return RdmaWindow{request.lease, size, static_cast<std::uint32_t>(config.lease_timeout.count()),
+                         request.offset, lease->exported->guard.size(), lease->exported->descriptor};
   }
 
   /// The slice a pull asks for, checked against its lease, with the
@@ -311,7 +417,12 @@ struct Owner::State : std::enable_shared_from_this<State> {
   void drop_leases_of(std::uint64_t session) {
     auto owned = session_leases.find(session);
     if (owned == session_leases.end()) return;
-    for (auto id : owned->second) leases.erase(id);
+    for (auto id : owned->second) {
+      if (auto it = leases.find(id); it != leases.end()) {
+        if (it->second.windowed) --windowed_leases;
+        leases.erase(it);
+      }
+    }
     session_leases.erase(owned);
   }
 
@@ -374,7 +485,7 @@ struct Owner::State : std::enable_shared_from_this<State> {
     for (auto& name : request.names) {
       // Named, not a temporary inside the co_await: g++ 12 destroys those twice.
       Acquire single{std::move(name), request.wants_rdma};
-      granted.grants.push_back(co_await acquire(session, rdma_peer, std::move(single)));
+      granted.grants.push_back(co_await acquire(session, rdma_peer, true, std::move(single)));
     }
     co_return granted;
   }
@@ -408,7 +519,7 @@ struct Owner::State : std::enable_shared_from_this<State> {
     const auto greeting = co_await handshake(*connection);
     --handshakes;
     const auto& peer = greeting.peer;
-    const bool batches = greeting.version >= batch_protocol_version;
+    const bool version2 = greeting.version >= batch_protocol_version;  // batches and windows
     for (std::uint64_t served = 1; greeting.ok && connection->is_open(); ++served) {
       // Frames already buffered are read without suspending: give the other
       // connections their turn now and then, so that one client streaming
@@ -423,7 +534,7 @@ struct Owner::State : std::enable_shared_from_this<State> {
       bool hostile = false;
       auto& message = frame.value().message;
       if (auto* acquire_request = std::get_if<Acquire>(&message)) {
-        auto grant = co_await acquire(session_id, peer.has_value(), std::move(*acquire_request));
+        auto grant = co_await acquire(session_id, peer.has_value(), version2, std::move(*acquire_request));
         reply = std::visit([](auto&& answer) { return Message{std::move(answer)}; }, std::move(grant));
       } else if (auto* pull_request = std::get_if<Pull>(&message)) {
         auto slice = pull(session_id, *pull_request);
@@ -439,13 +550,16 @@ struct Owner::State : std::enable_shared_from_this<State> {
         reply = renew(session_id, *renew_request);
       } else if (auto* release_request = std::get_if<Release>(&message)) {
         reply = release(session_id, *release_request);
-      } else if (auto* many = std::get_if<AcquireMany>(&message); many != nullptr && batches) {
+      } else if (auto* many = std::get_if<AcquireMany>(&message); many != nullptr && version2) {
         reply = co_await acquire_many(session_id, peer.has_value(), std::move(*many));
-      } else if (auto* to_release = std::get_if<ReleaseMany>(&message); to_release != nullptr && batches) {
+      } else if (auto* to_release = std::get_if<ReleaseMany>(&message); to_release != nullptr && version2) {
         reply = release_many(session_id, *to_release);
-      } else if (std::holds_alternative<AcquireMany>(message) || std::holds_alternative<ReleaseMany>(message)) {
+      } else if (auto* window = std::get_if<NextWindow>(&message); window != nullptr && version2) {
+        reply = co_await next_window(session_id, *window);
+      } else if (std::holds_alternative<AcquireMany>(message) || std::holds_alternative<ReleaseMany>(message) ||
+                 std::holds_alternative<NextWindow>(message)) {
         ++stats.refused_requests;  // a version 1 session: answered, the connection kept
-        reply = ErrorReply{static_cast<std::uint16_t>(errc::protocol), "batch requests need protocol version 2"};
+        reply = ErrorReply{static_cast<std::uint16_t>(errc::protocol), "this request needs protocol version 2"};
       } else {
         hostile = true;  // a consumer never sends owner messages
         ++stats.refused_requests;
@@ -538,6 +652,7 @@ void Owner::stop() {
   for (auto& [name, exported] : state.cached_exports) state.retired.push_back(std::move(exported));
   state.leases.clear();
   state.session_leases.clear();
+  state.windowed_leases = 0;
   state.forget_cached_exports();
 }
 

@@ -64,6 +64,9 @@ std::vector<Frame> samples() {
                         rv::ErrorReply{static_cast<std::uint16_t>(errc::budget_exceeded), "too many leases"}}}},
       {22, rv::ReleaseMany{{1, 2, std::numeric_limits<std::uint64_t>::max()}}},
       {23, rv::ReleasedMany{{0, static_cast<std::uint16_t>(errc::object_changed), 0xffff}}},
+      {24, rv::RdmaWindow{31, 10 << 20, 30000, 4 << 20, 4 << 20, descriptor_bytes()}},
+      {25, rv::NextWindow{31, 8 << 20}},
+      {26, rv::Granted{{rv::RdmaWindow{32, 3 << 20, 1000, 0, 1 << 20, descriptor_bytes()}}}},
   };
 }
 
@@ -151,6 +154,8 @@ TEST(FrameLayout, PayloadSizes) {
   EXPECT_EQ(payload(rv::Granted{{rv::NotFound{}, rv::Chunked{}}}), 2U + 1U + (1U + 25U));
   EXPECT_EQ(payload(rv::ReleaseMany{{1, 2, 3}}), 2U + 3U * 8U);
   EXPECT_EQ(payload(rv::ReleasedMany{{0, 1}}), 2U + 2U * 2U);
+  EXPECT_EQ(payload(rv::RdmaWindow{1, 9, 3, 0, 9, blob(7)}), 8U + 8U + 4U + 8U + 8U + 4U + 7U);
+  EXPECT_EQ(payload(rv::NextWindow{1, 2}), 8U + 8U);
   EXPECT_EQ(payload(rv::Acquire{"abc", true}), 2U + 3U + 1U);
   EXPECT_EQ(payload(rv::RdmaGrant{1, 2, 3, blob(9)}), 8U + 8U + 4U + 4U + 9U);
   EXPECT_EQ(payload(rv::Chunked{}), 8U + 8U + 4U + 4U + 1U);
@@ -192,13 +197,14 @@ TEST(FrameLayout, ChunkedReasonNames) {
   EXPECT_EQ(rv::to_string(rv::ChunkedReason::no_offer), "no_offer");
   EXPECT_EQ(rv::to_string(rv::ChunkedReason::backend_mismatch), "backend_mismatch");
   EXPECT_EQ(rv::to_string(rv::ChunkedReason::registration_failed), "registration_failed");
+  EXPECT_EQ(rv::to_string(rv::ChunkedReason::no_window), "no_window");
   EXPECT_EQ(rv::to_string(static_cast<rv::ChunkedReason>(0)), "unknown");
 }
 
 // ---- round trips -------------------------------------------------------------------
 
 TEST(FrameRoundTrip, EveryMessageType) {
-  std::vector<bool> seen(18, false);
+  std::vector<bool> seen(20, false);
   for (const auto& frame : samples()) {
     EXPECT_TRUE(round_trips(frame)) << "request " << frame.request_id;
     seen.at(static_cast<std::size_t>(rv::type_of(frame.message))) = true;
@@ -302,7 +308,7 @@ TEST(FrameRefusal, GrantedCarriesOnlyAcquireAnswers) {
   for (auto type : {MessageType::hello, MessageType::hello_ok, MessageType::acquire, MessageType::pull,
                     MessageType::data, MessageType::renew, MessageType::renewed, MessageType::release,
                     MessageType::released, MessageType::acquire_many, MessageType::granted,
-                    MessageType::release_many, MessageType::released_many}) {
+                    MessageType::release_many, MessageType::released_many, MessageType::next_window}) {
     auto body = body_of({1, rv::Granted{{rv::NotFound{}}}});
     put_le(body, payload_at + 2, static_cast<std::uint8_t>(type), 1);
     EXPECT_TRUE(refused(body)) << "type " << int(type);
@@ -313,6 +319,23 @@ TEST(FrameRefusal, GrantedCarriesOnlyAcquireAnswers) {
   EXPECT_TRUE(refused(zero_chunk));
 }
 
+TEST(FrameRefusal, RdmaWindowOutsideItsObjectOrEmpty) {
+  const std::uint64_t size = 10 << 20;
+  struct Case {
+    std::uint64_t offset;
+    std::uint64_t len;
+  };
+  for (auto bad : {Case{0, 0}, Case{size, 1}, Case{size + 1, 0}, Case{size - 4, 5},
+                   Case{1, std::numeric_limits<std::uint64_t>::max()}}) {
+    auto body = body_of({1, rv::RdmaWindow{1, size, 2, 0, 1, descriptor_bytes()}});
+    put_le(body, payload_at + 20, bad.offset, 8);
+    put_le(body, payload_at + 28, bad.len, 8);
+    EXPECT_TRUE(refused(body)) << bad.offset << " +" << bad.len;
+  }
+  auto empty_descriptor = body_of({1, rv::RdmaWindow{1, size, 2, 0, 1, {}}});
+  EXPECT_TRUE(refused(empty_descriptor));
+}
+
 TEST(FrameEncode, BatchesOutsideTheirBoundsThrow) {
   EXPECT_THROW((void)rv::encode_frame({1, rv::AcquireMany{{}, true}}), std::length_error);
   EXPECT_THROW((void)rv::encode_frame({1, rv::ReleaseMany{std::vector<std::uint64_t>(rv::max_batch_objects + 1)}}),
@@ -320,7 +343,7 @@ TEST(FrameEncode, BatchesOutsideTheirBoundsThrow) {
 }
 
 TEST(FrameRoundTrip, EveryChunkedReason) {
-  for (std::uint8_t r = 1; r <= 7; ++r) {
+  for (std::uint8_t r = 1; r <= 8; ++r) {
     EXPECT_TRUE(round_trips({r, rv::Chunked{1, 2, 3, 4, static_cast<rv::ChunkedReason>(r)}})) << int{r};
   }
 }
@@ -520,7 +543,7 @@ TEST(FrameRefusal, ChunkedZeroChunkSize) {
 }
 
 TEST(FrameRefusal, ChunkedUnknownReason) {
-  for (std::uint8_t reason : {0, 8, 255}) {
+  for (std::uint8_t reason : {0, 9, 255}) {
     auto body = body_of({1, rv::Chunked{1, 2, 3, 4, rv::ChunkedReason::budget}});
     put_le(body, payload_at + 24, reason, 1);
     EXPECT_TRUE(refused(body)) << int{reason};

@@ -48,17 +48,17 @@ TEST_F(Rendezvous, LargeObjectGoesOverRdmaAndSmallOneInChunks) {
   EXPECT_EQ(stats.live_leases, 0u) << "every lease is released";
 }
 
-TEST_F(Rendezvous, SpentBudgetFallsBackToChunksWithReasonBudget) {
-  start_owner(64 << 10);  // smaller than "big"
+TEST_F(Rendezvous, SpentBudgetWithNoRoomForAWindowFallsBackToChunks) {
+  start_owner(64 << 10);  // smaller than "big", and than the smallest window (1 MiB)
   corma::testing::run(io, [&]() -> asio::awaitable<void> {
     auto consumer = (co_await connect(consumer_registry)).value();
     auto fetched = co_await consumer->async_fetch("big");
     EXPECT_EQ(fetched.value().path, Path::chunked);
-    EXPECT_EQ(fetched.value().reason, "budget");
+    EXPECT_EQ(fetched.value().reason, "no_window");
     EXPECT_FALSE(fetched.value().fell_back);
     EXPECT_EQ(std::memcmp(fetched.value().data.data(), big.data(), big.size()), 0);
   }());
-  EXPECT_EQ(owner->stats().decisions.chunked_by_reason.at("budget"), 1u);
+  EXPECT_EQ(owner->stats().decisions.chunked_by_reason.at("no_window"), 1u);
 }
 
 TEST_F(Rendezvous, ConsumerWithoutAnOfferGetsChunks) {
