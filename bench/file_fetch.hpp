@@ -15,4 +15,10 @@ namespace corma::bench {
 /// leaves the version's snapshot in the owner's cache.
 Measurement file_fetch_chunked(const Options& options);
 
+/// `file_fetch size=256MiB rdma budget=64MiB` (shm): the same file fetched
+/// over RDMA from a server whose 64 MiB budget cannot hold it (lent in
+/// windows), against the same fetch from a server whose budget holds it
+/// whole. Both write the output file as corma get does.
+Measurement file_fetch_windows(const Options& options);
+
 }  // namespace corma::bench

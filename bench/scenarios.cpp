@@ -541,7 +541,10 @@ std::vector<Measurement> run_scenarios(const Options& options) {
   if (selected(options, "fetch_many")) {
     for (const auto& transport : options.transports) keep(fetch_many_objects(options, transport));
   }
-  if (selected(options, "file_fetch")) keep(file_fetch_chunked(options));
+  if (selected(options, "file_fetch")) {
+    keep(file_fetch_chunked(options));
+    keep(file_fetch_windows(options));
+  }
   if (selected(options, "registry_bookkeeping")) {
     for (int threads : {1, 2, 8}) keep(registry_bookkeeping(options, threads));
   }

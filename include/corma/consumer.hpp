@@ -49,6 +49,9 @@ struct FetchOutcome {
   Path path = Path::chunked;
   std::string reason;       ///< the owner's chunked reason, or the RDMA failure that caused the fallback
   bool fell_back = false;   ///< RDMA was granted but failed; the chunked path finished the job
+  /// Windows read, when the owner lent the object in windows (larger than
+  /// its budget holds); 0 when it was lent whole or sent in chunks.
+  std::uint32_t windows = 0;
 };
 
 /// Receives a fetched object's bytes in order: `bytes` belong at `offset`

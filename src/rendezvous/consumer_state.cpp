@@ -326,7 +326,8 @@ asio::awaitable<Result<void>> Consumer::State::rdma_get_into(const RdmaGrant& gr
 }
 
 asio::awaitable<Result<void>> Consumer::State::read_windows(const RdmaWindow& first, RegionGuard& guard,
-                                                            std::uint64_t base, const ChunkSink& sink) {
+                                                            std::uint64_t base, const ChunkSink& sink,
+                                                            std::uint32_t& windows) {
   RdmaWindow window = first;
   for (std::uint64_t expected = 0;;) {
     if (window.lease != first.lease || window.size != first.size || window.offset != expected) {
@@ -334,6 +335,7 @@ asio::awaitable<Result<void>> Consumer::State::read_windows(const RdmaWindow& fi
     }
     CORMA_CO_TRY(co_await read_remote(window.descriptor, window.window_len, window.lease, window.lease_timeout_ms,
                                       guard, base + window.offset));
+    ++windows;
     if (sink) {
       CORMA_CO_TRY(sink(window.offset, guard.bytes().subspan(base + window.offset, window.window_len)));
     }
@@ -434,7 +436,7 @@ asio::awaitable<Result<FetchOutcome>> Consumer::State::fetch(std::string name, c
     // Windows go to the sink one by one as they land; a whole grant after.
     const ReadInto read = [&](RegionGuard& guard, std::uint64_t base) {
       return grant != nullptr ? rdma_get_into(*grant, guard, base)
-                              : read_windows(*window, guard, base, destination.sink);
+                              : read_windows(*window, guard, base, destination.sink, fetched.windows);
     };
     // (Not a conditional expression: g++ 12 mishandles co_await inside one.)
     Result<void> got = success();

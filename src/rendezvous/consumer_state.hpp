@@ -131,8 +131,9 @@ struct Consumer::State {
   /// Reads an object lent in windows into `guard` at `base`: each window
   /// where it belongs, then the next one asked for, until the object is
   /// whole; `sink` (may be empty) is handed each window as it lands.
+  /// `windows` counts the windows read.
   Awaitable<Result<void>> read_windows(const rendezvous::RdmaWindow& first, RegionGuard& guard, std::uint64_t base,
-                                       const ChunkSink& sink);
+                                       const ChunkSink& sink, std::uint32_t& windows);
   /// A read into a registered region, at `base` in it.
   using ReadInto = std::function<Awaitable<Result<void>>(RegionGuard& guard, std::uint64_t base)>;
   /// `read` into memory registered for it alone (at its start), deregistered

@@ -296,7 +296,7 @@ class ManyFetch {
       co_return;
     }
     const auto& slot = slots_[object.index];
-    auto got = co_await s_.read_windows(*first, *slot.region, slot.offset, {});
+    auto got = co_await s_.read_windows(*first, *slot.region, slot.offset, {}, object.outcome.windows);
     if (got) {
       object.outcome.path = Path::rdma;
     } else if (s_.owner_lost || got.error().is(errc::cancelled)) {

@@ -271,19 +271,24 @@ TEST_F(TwoProcesses, FilesArriveByteIdenticalOverEachPath) {
   write_file(root / "sub" / "small.bin", small);
   auto server = serve({"--trusted-peers"});
   const std::string owner = "127.0.0.1:" + port_after(server.captured, "listening on");
+  // A server whose budget cannot hold big.bin: it lends it in windows.
+  auto small_budget = serve({"--trusted-peers", "--budget", "3M"});
+  const std::string windowed = "127.0.0.1:" + port_after(small_budget.captured, "listening on");
 
   struct Case {
+    const std::string& owner;
     std::string path;
     std::vector<std::string> flags;
     std::string expect;
     const std::vector<char>* bytes;
   };
-  const Case cases[] = {{"big.bin", {"--trusted-peers"}, "via rdma", &big},
-                        {"big.bin", {}, "via chunked (no_offer)", &big},
-                        {"sub/small.bin", {"--trusted-peers"}, "via chunked (below_threshold)", &small}};
+  const Case cases[] = {{owner, "big.bin", {"--trusted-peers"}, "via rdma,", &big},
+                        {windowed, "big.bin", {"--trusted-peers"}, "via rdma in ", &big},
+                        {owner, "big.bin", {}, "via chunked (no_offer)", &big},
+                        {owner, "sub/small.bin", {"--trusted-peers"}, "via chunked (below_threshold)", &small}};
   for (const auto& c : cases) {
     const auto out = base / "fetched";
-    std::vector<std::string> args = {binary, "get", owner, c.path, "-o", out.string()};
+    std::vector<std::string> args = {binary, "get", c.owner, c.path, "-o", out.string()};
     args.insert(args.end(), c.flags.begin(), c.flags.end());
     auto get = Process::start(args);
     ASSERT_EQ(get.wait_exit(std::chrono::seconds(30)), 0) << get.captured;
