@@ -323,7 +323,10 @@ struct Owner::State : std::enable_shared_from_this<State> {
         co_return std::make_shared<Export>(std::move(guard).value(), encode(descriptor), object.keepalive);
       }
       if (!guard.error().is(errc::budget_exceeded)) co_return std::move(guard).error();
-      if (co_await evict_idle_exports()) continue;
+      if (co_await evict_idle_exports()) {
+        len = window_length(object.bytes.data() + offset, remaining, sharers);  // with the room given back
+        continue;
+      }
       if (len <= smallest) co_return std::move(guard).error();
       len = std::max(smallest, len / 2);
     }
