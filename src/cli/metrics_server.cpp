@@ -87,6 +87,11 @@ OwnerMetrics::OwnerMetrics(bool with_registry) {
   owner_counter("corma_owner_exports_evicted_total",
                 "Cached exports deregistered to make room in the registration budget.",
                 &OwnerStats::exports_evicted);
+  owner_counter("corma_owner_windows_total",
+                "RDMA windows registered for objects larger than the registration budget holds.",
+                &OwnerStats::windows);
+  owner_counter("corma_owner_batch_requests_total", "acquire_many and release_many requests answered.",
+                &OwnerStats::batch_requests);
   owner_gauge("corma_owner_open_connections", "Connections being served now.", &OwnerStats::open_connections);
   owner_gauge("corma_owner_live_leases", "Leases held by consumers now.", &OwnerStats::live_leases);
   if (!with_registry) return;

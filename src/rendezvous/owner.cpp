@@ -574,7 +574,7 @@ struct Owner::State : std::enable_shared_from_this<State> {
     connections.erase(connection);
     drop_leases_of(session_id);
     if (peer && registry) {
-      co_await registry->backend()->async_peer_close(*peer, asio::use_awaitable);
+      (void)co_await registry->backend()->async_peer_close(*peer, asio::use_awaitable);
     }
   }
 

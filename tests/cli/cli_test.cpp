@@ -191,6 +191,8 @@ TEST(Metrics, EveryFamilyHasHelpAndItsUnitInTheName) {
       {"corma_owner_refused_connections_total", "counter"},
       {"corma_owner_exports_registered_total", "counter"},
       {"corma_owner_exports_evicted_total", "counter"},
+      {"corma_owner_windows_total", "counter"},
+      {"corma_owner_batch_requests_total", "counter"},
       {"corma_owner_open_connections", "gauge"},
       {"corma_owner_live_leases", "gauge"},
       {"corma_registry_budget_bytes", "gauge"},
