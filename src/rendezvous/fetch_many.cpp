@@ -335,8 +335,9 @@ class ManyFetch {
 
   /// Settles a batch's outcomes once its release is answered. The owner
   /// names each object published again while it was read (`object_changed`):
-  /// those fail; any other trouble with the answer says nothing about the
-  /// bytes, as for a single fetch.
+  /// those fail; any other trouble with the answer (the owner lost after
+  /// the batch was read, say) says nothing about the bytes, as for a single
+  /// fetch.
   asio::awaitable<void> finish(Batch& batch) {
     std::vector<std::uint16_t> codes;
     if (batch.release) {
@@ -346,7 +347,6 @@ class ManyFetch {
     }
     for (std::size_t k = 0; k < batch.leased.size(); ++k) {
       auto& object = batch.leased[k];
-      if (!object.failed && s_.owner_lost) object.failed = s_.owner_lost;
       if (!object.failed && !codes.empty() && codes[k] == static_cast<std::uint16_t>(errc::object_changed)) {
         object.failed = Error{errc::object_changed, "owner: the object was published again during the lease"};
       }
