@@ -231,6 +231,40 @@ TEST_F(FetchMany, CancelledDuringTheRdmaReadReleasesEveryLeaseAndKeepsTheConnect
   expect_whole_set(fetch_all(*c, names, slots));
 }
 
+TEST_F(FetchMany, AnObjectPublishedAgainWhileItsBatchIsReadFailsAloneWithObjectChanged) {
+  start_owner_with_objects();
+  auto c = consumer();
+  std::vector<std::string> names = {name_of(1), name_of(2), name_of(4)};
+  std::vector<FetchSlot> slots = {FetchSlot{&destination, slot_size, slot_size},
+                                  FetchSlot{&destination, 2 * slot_size, slot_size},
+                                  FetchSlot{&destination, 4 * slot_size, slot_size}};
+  const auto replacement = pattern(contents[2].size(), 77);
+  consumer_backend->hold_transfers();
+  std::optional<Result<ManyFetched>> fetched;
+  c->async_fetch_many(names, slots, [&](Result<ManyFetched> r) { fetched.emplace(std::move(r)); });
+  // While the batch's reads are held (objects 1, 2 and 4 are all large:
+  // three RDMA reads), object 2 is published again; then the reads go on.
+  std::thread watcher([&] {
+    if (consumer_backend->wait_for_transfers_in_flight(3)) {
+      asio::post(io, [&] {
+        owner->publish(name_of(2), corma::PublishedObject{replacement, nullptr});
+        consumer_backend->release_transfers();
+      });
+    }
+  });
+  const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!fetched && std::chrono::steady_clock::now() < limit) io.run_one_for(std::chrono::milliseconds(50));
+  watcher.join();
+  ASSERT_TRUE(fetched.has_value());
+  ASSERT_TRUE(*fetched) << fetched->error().message();
+  const auto& outcomes = fetched->value();
+  EXPECT_TRUE(outcomes[0] && arrived(1));
+  EXPECT_TRUE(outcomes[2] && arrived(4));
+  ASSERT_FALSE(outcomes[1]) << "a read that may mix two publications is never reported whole";
+  EXPECT_TRUE(outcomes[1].error().is(errc::object_changed)) << outcomes[1].error().message();
+  EXPECT_EQ(owner->stats().live_leases, 0U);
+}
+
 // ---- hostile batches from a raw client ---------------------------------------------
 
 TEST_F(Rendezvous, ABatchOverTheOwnersLimitIsRefusedWholeAndTheConnectionServesOn) {
