@@ -49,6 +49,11 @@ struct OwnerConfig {
   std::chrono::milliseconds io_timeout{10000};
   /// Leases one connection may hold at once.
   std::size_t max_leases_per_connection = 512;
+  /// Requests of one connection worked on at once: an acquire or window
+  /// waiting for its registration does not hold up the pulls, renewals and
+  /// releases behind it. Past this many unanswered requests the
+  /// connection's next frame is not read until one is answered.
+  std::size_t max_requests_in_flight = 32;
   /// Objects one batch request (protocol version 2) may name; a larger
   /// batch is refused whole (`budget_exceeded`). Announced to consumers in
   /// the hello, capped at half of max_leases_per_connection (a consumer

@@ -58,8 +58,8 @@ struct Consumer::State {
   std::map<PackedKey, RemoteKeyId> imported_keys;
   std::uint64_t next_request = 1;
   /// Requests sent whose answers have not been read yet, and answers that
-  /// came while another one was being waited for (the owner answers in
-  /// order; a pipelined request's answer may arrive first).
+  /// came while another one was being waited for (the owner works on a
+  /// connection's requests concurrently: any answer may arrive first).
   std::set<std::uint64_t> unanswered;
   std::map<std::uint64_t, Result<Message>> parked;
   /// Why the owner was given up during a transfer, once it was: the
@@ -82,7 +82,8 @@ struct Consumer::State {
   /// step for the fetches queued behind it.
   Awaitable<Result<Message>> request(Message message);
   /// Writes one request (to its end); its id, for answer_to(). Several may
-  /// be sent before their answers are read: the owner answers in order.
+  /// be sent before their answers are read; the owner may answer them in
+  /// any order.
   Awaitable<Result<std::uint64_t>> send(Message message);
   /// Reads the answer to request `id` (to its end): answers to other
   /// requests still unanswered are parked for their readers, stale ones

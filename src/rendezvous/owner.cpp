@@ -1,5 +1,6 @@
 #include <corma/owner.hpp>
 
+#include "answer_queue.hpp"
 #include "framed_connection.hpp"
 #include "hello.hpp"
 
@@ -61,6 +62,8 @@ struct Lease {
   /// [window_end - its length, window_end) of the object.
   bool windowed = false;
   std::uint64_t window_end = 0;
+  /// A next_window is registering this lease's next window now.
+  bool moving = false;
 };
 
 ErrorReply error_reply(const Error& error) {
@@ -101,6 +104,15 @@ struct Owner::State : std::enable_shared_from_this<State> {
   using CachedExports = std::list<std::pair<std::string, std::shared_ptr<Export>>>;
   CachedExports cached_exports;
   std::unordered_map<std::string, CachedExports::iterator> cached_by_name;
+  /// Registrations of objects under way, by name: an acquire of an object
+  /// being registered waits for that registration instead of making its own
+  /// (the timer never expires; it is cancelled when the registration ends).
+  std::map<std::string, std::shared_ptr<asio::steady_timer>, std::less<>> exporting;
+  /// Acquires under way, per connection and in all: a connection's requests
+  /// are worked on concurrently, and these count against the lease caps
+  /// until they end.
+  std::unordered_map<std::uint64_t, std::size_t> acquiring;
+  std::size_t acquiring_total = 0;
   std::set<std::shared_ptr<FramedConnection>> connections;
   std::uint64_t next_lease = 1;
   std::uint64_t next_session = 1;
@@ -117,10 +129,29 @@ struct Owner::State : std::enable_shared_from_this<State> {
     return fail(errc::region_not_found, "no object named '" + std::string(name) + "'");
   }
 
+  /// Leases `session` holds, and acquires it has under way.
   std::size_t leases_of(std::uint64_t session) const {
     auto it = session_leases.find(session);
-    return it == session_leases.end() ? 0 : it->second.size();
+    auto under_way = acquiring.find(session);
+    return (it == session_leases.end() ? 0 : it->second.size()) +
+           (under_way == acquiring.end() ? 0 : under_way->second);
   }
+
+  /// An acquire under way, counted against the lease caps while it lasts.
+  struct AcquireUnderWay {
+    State& state;
+    std::uint64_t session;
+    AcquireUnderWay(State& s, std::uint64_t id) : state(s), session(id) {
+      ++state.acquiring[session];
+      ++state.acquiring_total;
+    }
+    AcquireUnderWay(const AcquireUnderWay&) = delete;
+    AcquireUnderWay& operator=(const AcquireUnderWay&) = delete;
+    ~AcquireUnderWay() {
+      if (--state.acquiring[session] == 0) state.acquiring.erase(session);
+      --state.acquiring_total;
+    }
+  };
 
   void add_lease(std::uint64_t id, Lease lease) {
     session_leases[lease.session].insert(id);
@@ -195,12 +226,32 @@ struct Owner::State : std::enable_shared_from_this<State> {
     co_return !idle.empty();
   }
 
+  /// The registration of `object` that leases of `name` read: the cached
+  /// or live one, or a new one (one at a time per name).
   asio::awaitable<Result<std::shared_ptr<Export>>> export_object(const std::string& name,
                                                                   const PublishedObject& object, bool cacheable) {
-    if (auto cached = cached_export(name)) co_return cached;
-    if (auto it = exports.find(name); it != exports.end()) {
-      if (auto shared = it->second.lock()) co_return shared;
+    for (;;) {
+      if (auto cached = cached_export(name)) co_return cached;
+      if (auto it = exports.find(name); it != exports.end()) {
+        if (auto shared = it->second.lock()) co_return shared;
+      }
+      auto under_way = exporting.find(name);
+      if (under_way == exporting.end()) break;
+      // Another acquire registers it now: its export is taken when ready
+      // (or, if it failed, this one tries in turn).
+      const auto registered = under_way->second;
+      (void)co_await registered->async_wait(asio::as_tuple(asio::use_awaitable));
     }
+    auto done = std::make_shared<asio::steady_timer>(executor, asio::steady_timer::time_point::max());
+    exporting.emplace(name, done);
+    auto exported = co_await register_export(name, object, cacheable);
+    exporting.erase(name);
+    done->cancel();
+    co_return exported;
+  }
+
+  asio::awaitable<Result<std::shared_ptr<Export>>> register_export(const std::string& name,
+                                                                    const PublishedObject& object, bool cacheable) {
     // Registered read-only: peers may get from it, never put into it.
     std::span<std::byte> memory(const_cast<std::byte*>(object.bytes.data()), object.bytes.size());
     auto guard = co_await registry->async_register(memory, Access::remote_read, asio::use_awaitable);
@@ -231,11 +282,12 @@ struct Owner::State : std::enable_shared_from_this<State> {
       ++stats.refused_requests;
       co_return error_reply(Error{errc::budget_exceeded, "too many leases on this connection"});
     }
-    if (leases.size() >= config.max_leases) {
+    if (leases.size() + acquiring_total >= config.max_leases) {
       ++stats.refused_requests;
       co_return error_reply(Error{errc::budget_exceeded, "the owner holds its maximum of " +
                                                              std::to_string(config.max_leases) + " leases"});
     }
+    const AcquireUnderWay under_way(*this, session);
     const std::uint64_t size = object.value().bytes.size();
     Lease lease{session, request.name, object.value(), std::nullopt, nullptr, {}};
     if (auto it = publications.find(request.name); it != publications.end() && published.contains(request.name)) {
@@ -353,15 +405,21 @@ struct Owner::State : std::enable_shared_from_this<State> {
                                                           std::to_string(lease->window_end) + " of " +
                                                           std::to_string(size)});
     }
+    if (lease->moving) {
+      ++stats.refused_requests;
+      co_return error_reply(Error{errc::out_of_range, "this lease's next window is being registered already"});
+    }
     refresh(*lease);
+    lease->moving = true;
     const auto object = lease->object;
     if (auto current = std::move(lease->exported); current) {
       (void)co_await current->guard.async_deregister(asio::use_awaitable);
     }
     auto window = co_await export_window(object, request.offset, std::max<std::size_t>(windowed_leases, 1));
-    // The lease may have gone meanwhile (reaped, or its connection closed).
+    // The lease may have gone meanwhile (released, reaped, or its connection closed).
     lease = lease_of(session, request.lease);
     if (lease == nullptr) co_return error_reply(Error{errc::region_not_found, "the lease ended meanwhile"});
+    lease->moving = false;
     if (!window) co_return error_reply(std::move(window).error());
     lease->exported = std::move(window).value();
     lease->window_end = request.offset + lease->exported->guard.size();
@@ -512,6 +570,83 @@ struct Owner::State : std::enable_shared_from_this<State> {
     return released;
   }
 
+  /// What a connection's requests need to know of it.
+  struct Session {
+    std::uint64_t id = 0;
+    bool rdma_peer = false;  ///< the consumer's RDMA offer was taken
+    bool version2 = false;   ///< batches and windows
+  };
+
+  /// Whether answering `message` may wait for registrations (acquires and
+  /// windows): those are worked on concurrently with the connection's other
+  /// requests.
+  static bool registers(const Session& session, const Message& message) {
+    return std::holds_alternative<Acquire>(message) ||
+           (session.version2 && (std::holds_alternative<AcquireMany>(message) ||
+                                 std::holds_alternative<NextWindow>(message)));
+  }
+
+  asio::awaitable<Message> registering_answer(const Session& session, Message message) {
+    if (auto* acquire_request = std::get_if<Acquire>(&message)) {
+      auto grant = co_await acquire(session.id, session.rdma_peer, session.version2, std::move(*acquire_request));
+      co_return std::visit([](auto&& answer) { return Message{std::move(answer)}; }, std::move(grant));
+    }
+    if (auto* many = std::get_if<AcquireMany>(&message)) {
+      co_return co_await acquire_many(session.id, session.rdma_peer, std::move(*many));
+    }
+    co_return co_await next_window(session.id, std::get<NextWindow>(message));
+  }
+
+  /// Answers a registering request in the background, `self` keeping the
+  /// state alive. `answers` outlives it: the connection waits for every
+  /// request it took.
+  asio::awaitable<void> answer_concurrently([[maybe_unused]] std::shared_ptr<State> self, Session session, AnswerQueue& answers,
+                                            Frame frame) {
+    auto reply = co_await registering_answer(session, std::move(frame.message));
+    Frame response{frame.request_id, std::move(reply)};
+    co_await answers.answer(std::move(response));
+  }
+
+  /// Takes one request (already begun in `answers`): what needs no waiting
+  /// is answered now, in order; the rest runs concurrently. False when the
+  /// connection ends after this answer (a consumer sent an owner message).
+  asio::awaitable<bool> take(const Session& session, AnswerQueue& answers, Frame frame) {
+    const auto request_id = frame.request_id;
+    auto& message = frame.message;
+    if (registers(session, message)) {
+      asio::co_spawn(executor, answer_concurrently(shared_from_this(), session, answers, std::move(frame)),
+                     asio::detached);
+      co_return true;
+    }
+    Message reply = ErrorReply{static_cast<std::uint16_t>(errc::protocol), "unexpected message"};
+    bool hostile = false;
+    if (auto* pull_request = std::get_if<Pull>(&message)) {
+      auto slice = pull(session.id, *pull_request);
+      if (slice) {
+        co_await answers.answer_data(request_id, pull_request->offset, slice.value().bytes,
+                                     std::move(slice.value().keepalive));
+        co_return true;
+      }
+      reply = error_reply(std::move(slice).error());
+    } else if (auto* renew_request = std::get_if<Renew>(&message)) {
+      reply = renew(session.id, *renew_request);
+    } else if (auto* release_request = std::get_if<Release>(&message)) {
+      reply = release(session.id, *release_request);
+    } else if (auto* to_release = std::get_if<ReleaseMany>(&message); to_release != nullptr && session.version2) {
+      reply = release_many(session.id, *to_release);
+    } else if (std::holds_alternative<AcquireMany>(message) || std::holds_alternative<ReleaseMany>(message) ||
+               std::holds_alternative<NextWindow>(message)) {
+      ++stats.refused_requests;  // a version 1 session: answered, the connection kept
+      reply = ErrorReply{static_cast<std::uint16_t>(errc::protocol), "this request needs protocol version 2"};
+    } else {
+      hostile = true;  // a consumer never sends owner messages
+      ++stats.refused_requests;
+    }
+    Frame response{request_id, std::move(reply)};
+    co_await answers.answer(std::move(response));
+    co_return !hostile;
+  }
+
   asio::awaitable<void> session(asio::ip::tcp::socket socket) {
     auto self = shared_from_this();
     auto connection = std::make_shared<FramedConnection>(std::move(socket), default_max_frame_body);
@@ -522,54 +657,27 @@ struct Owner::State : std::enable_shared_from_this<State> {
     const auto greeting = co_await handshake(*connection);
     --handshakes;
     const auto& peer = greeting.peer;
-    const bool version2 = greeting.version >= batch_protocol_version;  // batches and windows
-    for (std::uint64_t served = 1; greeting.ok && connection->is_open(); ++served) {
+    const Session session{session_id, peer.has_value(), greeting.version >= batch_protocol_version};
+    AnswerQueue answers(*connection, config.io_timeout);
+    const auto in_flight = std::max<std::size_t>(config.max_requests_in_flight, 1);
+    for (std::uint64_t served = 1; greeting.ok && connection->is_open() && !answers.failed(); ++served) {
       // Frames already buffered are read without suspending: give the other
       // connections their turn now and then, so that one client streaming
       // requests cannot hold the owner.
       if (served % 8 == 0) co_await asio::post(executor, asio::use_awaitable);
+      co_await answers.until_below(in_flight);
+      if (!connection->is_open()) break;
       auto frame = co_await connection->read(config.idle_timeout, config.io_timeout);
       if (!frame) {
         if (frame.error().is(errc::protocol)) ++stats.refused_requests;
         break;
       }
-      Message reply = ErrorReply{static_cast<std::uint16_t>(errc::protocol), "unexpected message"};
-      bool hostile = false;
-      auto& message = frame.value().message;
-      if (auto* acquire_request = std::get_if<Acquire>(&message)) {
-        auto grant = co_await acquire(session_id, peer.has_value(), version2, std::move(*acquire_request));
-        reply = std::visit([](auto&& answer) { return Message{std::move(answer)}; }, std::move(grant));
-      } else if (auto* pull_request = std::get_if<Pull>(&message)) {
-        auto slice = pull(session_id, *pull_request);
-        if (slice) {
-          if (!co_await connection->write_data(frame.value().request_id, pull_request->offset, slice.value().bytes,
-                                               config.io_timeout)) {
-            break;
-          }
-          continue;
-        }
-        reply = error_reply(std::move(slice).error());
-      } else if (auto* renew_request = std::get_if<Renew>(&message)) {
-        reply = renew(session_id, *renew_request);
-      } else if (auto* release_request = std::get_if<Release>(&message)) {
-        reply = release(session_id, *release_request);
-      } else if (auto* many = std::get_if<AcquireMany>(&message); many != nullptr && version2) {
-        reply = co_await acquire_many(session_id, peer.has_value(), std::move(*many));
-      } else if (auto* to_release = std::get_if<ReleaseMany>(&message); to_release != nullptr && version2) {
-        reply = release_many(session_id, *to_release);
-      } else if (auto* window = std::get_if<NextWindow>(&message); window != nullptr && version2) {
-        reply = co_await next_window(session_id, *window);
-      } else if (std::holds_alternative<AcquireMany>(message) || std::holds_alternative<ReleaseMany>(message) ||
-                 std::holds_alternative<NextWindow>(message)) {
-        ++stats.refused_requests;  // a version 1 session: answered, the connection kept
-        reply = ErrorReply{static_cast<std::uint16_t>(errc::protocol), "this request needs protocol version 2"};
-      } else {
-        hostile = true;  // a consumer never sends owner messages
-        ++stats.refused_requests;
-      }
-      Frame response{frame.value().request_id, std::move(reply)};
-      if (!co_await connection->write(response, config.io_timeout) || hostile) break;
+      answers.begin();
+      if (!co_await take(session, answers, std::move(frame).value())) break;
     }
+    // Every request taken is answered (or its answer dropped with the
+    // connection) before the session's leases and peer go.
+    co_await answers.until_below(1);
     connection->close();
     connections.erase(connection);
     drop_leases_of(session_id);

@@ -213,22 +213,6 @@ TEST_F(Rendezvous, AnObjectRepublishedDuringAnRdmaReadFailsTheFetchAsChanged) {
 
 }  // namespace
 
-namespace {
-
-/// Runs the owner until `done` holds or `limit` passes; how long it took.
-template <class Done>
-asio::awaitable<std::chrono::milliseconds> until(Done done, std::chrono::seconds limit) {
-  const auto start = std::chrono::steady_clock::now();
-  asio::steady_timer tick(co_await asio::this_coro::executor);
-  while (!done() && std::chrono::steady_clock::now() - start < limit) {
-    tick.expires_after(std::chrono::milliseconds(5));
-    co_await tick.async_wait(asio::use_awaitable);
-  }
-  co_return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
-}
-
-}  // namespace
-
 TEST_F(Rendezvous, AClientThatPipelinesPullsAndNeverReadsTheAnswersIsClosedAtTheIoTimeout) {
   start_owner(64 << 20, quick_timeouts());
   corma::testing::run(io, [&]() -> asio::awaitable<void> {

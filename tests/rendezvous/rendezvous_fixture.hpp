@@ -14,9 +14,12 @@
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <memory>
 #include <vector>
 
@@ -59,6 +62,22 @@ class Rendezvous : public ::testing::Test {
     co_return co_await Consumer::connect(io.get_executor(), acceptor.local_endpoint(), std::move(registry));
   }
 
+  /// A raw client speaking version 2 whose hello offered an RDMA peer of
+  /// the consumer's test backend (the test closes `peer` when done).
+  struct RdmaRawClient {
+    RawClient client;
+    corma::PeerId peer;
+  };
+  asio::awaitable<RdmaRawClient> rdma_raw_client() {
+    auto offer = co_await consumer_backend->async_peer_offer(asio::use_awaitable);
+    if (!offer) throw std::runtime_error(offer.error().message());
+    auto client = co_await RawClient::connect(acceptor.local_endpoint());
+    auto hello = message(rv::Hello{2, corma::testing::test_backend_id, offer.value().blob});
+    auto greeted = co_await client.ask(std::move(hello));
+    if (!greeted || !std::holds_alternative<rv::HelloOk>(greeted.value())) throw std::runtime_error("hello refused");
+    co_return RdmaRawClient{std::move(client), offer.value().peer};
+  }
+
   void TearDown() override {
     if (owner) owner->stop();
     acceptor.close();
@@ -67,6 +86,19 @@ class Rendezvous : public ::testing::Test {
 };
 
 // ---- a raw client speaking the protocol (support/raw_client.hpp) ----
+
+/// Runs the owner until `done` holds or `limit` passes (looking every few
+/// milliseconds); how long it took.
+template <class Done>
+asio::awaitable<std::chrono::milliseconds> until(Done done, std::chrono::seconds limit) {
+  const auto start = std::chrono::steady_clock::now();
+  asio::steady_timer tick(co_await asio::this_coro::executor);
+  while (!done() && std::chrono::steady_clock::now() - start < limit) {
+    tick.expires_after(std::chrono::milliseconds(5));
+    co_await tick.async_wait(asio::use_awaitable);
+  }
+  co_return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+}
 
 inline bool is_error(const corma::Result<rv::Message>& reply, errc code) {
   auto* error = reply ? std::get_if<rv::ErrorReply>(&reply.value()) : nullptr;

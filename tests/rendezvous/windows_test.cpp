@@ -186,12 +186,7 @@ TEST_F(Windows, FetchManyReadsAWindowedObjectAmongOthers) {
 TEST_F(Windows, WindowsAskedOutOfOrderPastTheEndOrForeignAreRefusedAndTheLeaseKept) {
   start_small_owner();
   corma::testing::run(io, [&]() -> asio::awaitable<void> {
-    // A raw client with an RDMA peer of the owner's test backend.
-    auto offer = co_await consumer_backend->async_peer_offer(asio::use_awaitable);
-    auto client = co_await RawClient::connect(acceptor.local_endpoint());
-    auto hello = message(rv::Hello{2, corma::testing::test_backend_id, offer.value().blob});
-    auto greeted = co_await client.ask(std::move(hello));
-    EXPECT_TRUE(greeted && std::holds_alternative<rv::HelloOk>(greeted.value()));
+    auto [client, peer] = co_await rdma_raw_client();
     auto acquire = message(rv::Acquire{"huge", true});
     auto acquired = co_await client.ask(std::move(acquire));
     auto* window = acquired ? std::get_if<rv::RdmaWindow>(&acquired.value()) : nullptr;
@@ -228,7 +223,7 @@ TEST_F(Windows, WindowsAskedOutOfOrderPastTheEndOrForeignAreRefusedAndTheLeaseKe
     auto* second = moved ? std::get_if<rv::RdmaWindow>(&moved.value()) : nullptr;
     EXPECT_TRUE(second != nullptr && second->offset == end && second->lease == lease);
     EXPECT_LE(owner_registry->stats().registered_bytes, 4 * MiB) << "the first window was let go";
-    (void)co_await consumer_backend->async_peer_close(offer.value().peer, asio::use_awaitable);
+    (void)co_await consumer_backend->async_peer_close(peer, asio::use_awaitable);
   }());
 }
 
