@@ -149,8 +149,9 @@ struct FileGetter {
   double fetch(const ServedDirectory& dir, Path expected) {
     const auto start = clock_type::now();
     auto output = must(cli::OutputFile::create(dir.output), "output file");
-    auto fetched =
-        must(consumer->async_fetch_to(dir.file.filename().string(), output.sink(), asio::use_future).get(), "fetch");
+    auto fetched = must(
+        consumer->async_fetch_to(dir.file.filename().string(), output.destination(), asio::use_future).get(),
+        "fetch");
     if (fetched.path != expected || fetched.size != file_size) throw std::runtime_error("wrong fetch");
     must(output.keep(), "output file");
     return std::chrono::duration<double>(clock_type::now() - start).count();

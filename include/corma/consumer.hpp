@@ -59,6 +59,28 @@ struct FetchOutcome {
 /// with that error.
 using ChunkSink = std::function<Result<void>(std::uint64_t offset, std::span<const std::byte> bytes)>;
 
+/// Memory an RDMA read may land in for good (see StreamDestination):
+/// `memory`, at least the object's size, stays valid while `keepalive` is
+/// held, and the consumer holds it until the memory's registration is gone.
+struct Landing {
+  std::span<std::byte> memory;
+  std::shared_ptr<const void> keepalive;
+};
+/// Given an object's size, where its RDMA read lands, or why it cannot.
+using LandingFor = std::function<Result<Landing>(std::uint64_t size)>;
+
+/// Where async_fetch_to puts an object: chunks (of a chunked fetch, or of
+/// the fallback after a failed RDMA read) go to `sink` as they arrive. An
+/// object read over RDMA (whole or in windows) lands in
+/// `rdma_landing(size)`'s memory and stays there, the sink not called for
+/// it: a file's shared mapping, say, so that the bytes reach the file with
+/// no copy. Without `rdma_landing` it lands in fresh memory handed to the
+/// sink (whole, or window by window).
+struct StreamDestination {
+  ChunkSink sink;
+  LandingFor rdma_landing;
+};
+
 /// A fetched object in a buffer of the consumer's own.
 struct Fetched : FetchOutcome {
   OwnedBuffer data;
@@ -148,7 +170,17 @@ class Consumer {
   /// (its lease released). Completes with Result<FetchOutcome>.
   template <class Token = DefaultToken>
   auto async_fetch_to(std::string name, ChunkSink sink, Token&& token = {}) {
-    return detail::as_operation(executor(), fetch_to_coroutine(std::move(name), std::move(sink)),
+    StreamDestination destination{std::move(sink), {}};
+    return detail::as_operation(executor(), fetch_to_coroutine(std::move(name), std::move(destination)),
+                                std::forward<Token>(token));
+  }
+  /// The same, with the RDMA read landing where `destination` says (a file
+  /// written with no copy of an RDMA read). A landing that cannot be had
+  /// (its function fails, or gives less than the object's size) fails the
+  /// fetch with that error, its lease released.
+  template <class Token = DefaultToken>
+  auto async_fetch_to(std::string name, StreamDestination destination, Token&& token = {}) {
+    return detail::as_operation(executor(), fetch_to_coroutine(std::move(name), std::move(destination)),
                                 std::forward<Token>(token));
   }
 
@@ -189,7 +221,8 @@ class Consumer {
   [[nodiscard]] boost::asio::awaitable<Result<Fetched>> fetch_coroutine(std::string name);
   [[nodiscard]] boost::asio::awaitable<Result<FetchOutcome>> fetch_into_coroutine(std::string name,
                                                                                    RegionGuard& destination);
-  [[nodiscard]] boost::asio::awaitable<Result<FetchOutcome>> fetch_to_coroutine(std::string name, ChunkSink sink);
+  [[nodiscard]] boost::asio::awaitable<Result<FetchOutcome>> fetch_to_coroutine(std::string name,
+                                                                                 StreamDestination destination);
   [[nodiscard]] boost::asio::awaitable<Result<ManyFetched>> fetch_many_coroutine(std::vector<std::string> names,
                                                                                  std::vector<FetchSlot> slots);
 

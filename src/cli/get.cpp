@@ -72,7 +72,8 @@ int run_get(const GetOptions& options) {
     };
   }
   // Written as the chunks come (no buffer for the whole file on the chunked
-  // path), and removed again if the fetch fails.
+  // path), an RDMA read landing in the file's mapping, and removed again if
+  // the fetch fails.
   auto output = OutputFile::create(options.output);
   if (!output) {
     std::fprintf(stderr, "corma get: %s\n", output.error().message().c_str());
@@ -81,7 +82,7 @@ int run_get(const GetOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   auto fetch = [&]() -> asio::awaitable<Result<FetchOutcome>> {
     CORMA_CO_TRY(auto consumer, co_await Consumer::connect(io.get_executor(), owner.value(), registry, config));
-    co_return co_await consumer->async_fetch_to(options.path, output.value().sink());
+    co_return co_await consumer->async_fetch_to(options.path, output.value().destination());
   };
   std::optional<Result<FetchOutcome>> outcome;
   auto finished = start;

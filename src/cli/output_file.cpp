@@ -1,6 +1,7 @@
 #include "output_file.hpp"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -10,7 +11,7 @@
 namespace corma::cli {
 
 Result<OutputFile> OutputFile::create(std::filesystem::path path) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return fail(errc::not_configured, "cannot create " + path.string() + ": " + std::strerror(errno));
   return OutputFile(std::move(path), fd);
 }
@@ -36,6 +37,21 @@ ChunkSink OutputFile::sink() {
     }
     return success();
   };
+}
+
+StreamDestination OutputFile::destination() {
+  auto landing = [fd = fd_, path = path_.string()](std::uint64_t size) -> Result<Landing> {
+    const auto fail_with = [&path](const char* what) {
+      return fail(errc::backend, std::string(what) + " " + path + ": " + std::strerror(errno));
+    };
+    if (::ftruncate(fd, static_cast<off_t>(size)) != 0) return fail_with("sizing");
+    void* mapped = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (mapped == MAP_FAILED) return fail_with("mapping");
+    // Unmapped once the consumer lets go of it (after its registration is gone).
+    std::shared_ptr<const void> mapping(mapped, [size](const void* at) { ::munmap(const_cast<void*>(at), size); });
+    return Landing{std::span<std::byte>(static_cast<std::byte*>(mapped), size), std::move(mapping)};
+  };
+  return StreamDestination{sink(), std::move(landing)};
 }
 
 Result<void> OutputFile::keep() {

@@ -1,6 +1,7 @@
 // The file corma get writes: created up front and written chunk by chunk as
-// a fetch streams in (Consumer::async_fetch_to), removed again if the fetch
-// fails, so a failed fetch never leaves a partial file behind.
+// a fetch streams in (Consumer::async_fetch_to), or mapped for an RDMA read
+// to land in; removed again if the fetch fails, so a failed fetch never
+// leaves a partial file behind.
 #pragma once
 
 #include <corma/consumer.hpp>
@@ -24,6 +25,10 @@ class OutputFile {
   /// Writes each chunk at its offset (`backend` with the system's reason
   /// when a write fails: a full disk ends the fetch).
   [[nodiscard]] ChunkSink sink();
+  /// Where a fetch writes this file: chunks through sink(), an RDMA read
+  /// straight into a shared mapping of the file (sized to the object), so
+  /// the bytes reach the file with no copy.
+  [[nodiscard]] StreamDestination destination();
   /// The fetch succeeded: the file stays. `backend` if closing it failed.
   Result<void> keep();
 

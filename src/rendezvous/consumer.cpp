@@ -90,12 +90,41 @@ asio::awaitable<Result<Fetched>> fetch_new(std::shared_ptr<Consumer::State> stat
   co_return fetched;
 }
 
+/// The caller's landing memory for an RDMA read, whose keepalive goes into
+/// `held` once it is asked for; a transfer that outlives the fetch takes
+/// the keepalive over until its registration is gone.
+Consumer::State::Destination landing_in(std::shared_ptr<const void>& held, StreamDestination destination) {
+  Consumer::State::Destination landing;
+  landing.span_for = [&held, landing_for = std::move(destination.rdma_landing)](
+                         std::uint64_t size) -> Result<std::span<std::byte>> {
+    CORMA_TRY(auto landed, landing_for(size));
+    if (landed.memory.size() < size) {
+      return fail(errc::out_of_range, "the landing memory holds " + std::to_string(landed.memory.size()) +
+                                          " bytes, the object " + std::to_string(size));
+    }
+    held = std::move(landed.keepalive);
+    return landed.memory.first(size);
+  };
+  landing.keep_until = [&held](DeregisteredEvent released) {
+    keep_until_deregistered(std::exchange(held, nullptr), released);
+  };
+  landing.sink = std::move(destination.sink);
+  landing.rdma_lands_for_good = true;
+  return landing;
+}
+
 asio::awaitable<Result<FetchOutcome>> fetch_to(std::shared_ptr<Consumer::State> state, std::string name,
-                                               ChunkSink sink) {
+                                               StreamDestination destination) {
   CORMA_CO_TRY(co_await take_turn(*state));
   GiveBack give_back{*state};
-  OwnedBuffer rdma_landing;  // used only when the owner grants RDMA
-  co_return co_await state->fetch(std::move(name), fresh_buffer_in(rdma_landing, std::move(sink)));
+  // Used only when the owner grants RDMA: the caller's landing memory, or
+  // fresh memory handed to the sink.
+  std::shared_ptr<const void> landing_keepalive;
+  OwnedBuffer rdma_landing;
+  const auto fetch_destination = destination.rdma_landing
+                                     ? landing_in(landing_keepalive, std::move(destination))
+                                     : fresh_buffer_in(rdma_landing, std::move(destination.sink));
+  co_return co_await state->fetch(std::move(name), fetch_destination);
 }
 
 asio::awaitable<Result<FetchOutcome>> fetch_into(std::shared_ptr<Consumer::State> state, std::string name,
@@ -132,8 +161,9 @@ asio::awaitable<Result<FetchOutcome>> Consumer::fetch_into_coroutine(std::string
   return fetch_into(state_, std::move(name), destination);
 }
 
-asio::awaitable<Result<FetchOutcome>> Consumer::fetch_to_coroutine(std::string name, ChunkSink sink) {
-  return fetch_to(state_, std::move(name), std::move(sink));
+asio::awaitable<Result<FetchOutcome>> Consumer::fetch_to_coroutine(std::string name,
+                                                                   StreamDestination destination) {
+  return fetch_to(state_, std::move(name), std::move(destination));
 }
 
 asio::awaitable<Result<ManyFetched>> Consumer::fetch_many_coroutine(std::vector<std::string> names,

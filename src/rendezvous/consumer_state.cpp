@@ -433,10 +433,12 @@ asio::awaitable<Result<FetchOutcome>> Consumer::State::fetch(std::string name, c
   }
 
   if (grant != nullptr || window != nullptr) {
-    // Windows go to the sink one by one as they land; a whole grant after.
+    // Windows go to the sink one by one as they land; a whole grant after
+    // (unless they landed where they belong).
+    const ChunkSink rdma_sink = destination.rdma_lands_for_good ? ChunkSink{} : destination.sink;
     const ReadInto read = [&](RegionGuard& guard, std::uint64_t base) {
       return grant != nullptr ? rdma_get_into(*grant, guard, base)
-                              : read_windows(*window, guard, base, destination.sink, fetched.windows);
+                              : read_windows(*window, guard, base, rdma_sink, fetched.windows);
     };
     // (Not a conditional expression: g++ 12 mishandles co_await inside one.)
     Result<void> got = success();
@@ -445,7 +447,7 @@ asio::awaitable<Result<FetchOutcome>> Consumer::State::fetch(std::string name, c
     } else {
       got = co_await rdma_get(into.value(), destination.keep_until, read);
     }
-    if (got && destination.sink && grant != nullptr) got = destination.sink(0, into.value().first(fetched.size));
+    if (got && rdma_sink && grant != nullptr) got = rdma_sink(0, into.value().first(fetched.size));
     if (got) {
       if (config.on_progress && grant != nullptr) config.on_progress(fetched.size, fetched.size);
       fetched.path = Path::rdma;

@@ -159,6 +159,9 @@ struct Consumer::State {
     /// When set, chunks go here as they arrive instead of into span_for's
     /// memory (which then only serves an RDMA get, handed over whole).
     ChunkSink sink;
+    /// With a sink: span_for's memory is where an RDMA read belongs for
+    /// good (the caller's landing), so the sink is not handed it.
+    bool rdma_lands_for_good = false;
   };
 
   /// One object, RDMA first and chunked exactly once on its failure.

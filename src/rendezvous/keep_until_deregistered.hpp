@@ -5,6 +5,8 @@
 #include <corma/owned_buffer.hpp>
 #include <corma/region_guard.hpp>
 
+#include <memory>
+
 namespace corma::rendezvous {
 
 /// Frees `buffer` once `released` resolves, without anyone waiting for it.
@@ -12,5 +14,8 @@ namespace corma::rendezvous {
 /// the registration unconfirmed), the buffer is leaked, never freed: a
 /// transfer into it may still be pending.
 void keep_until_deregistered(OwnedBuffer buffer, const DeregisteredEvent& released);
+/// The same for memory whose owner `keepalive` is (never let go if the
+/// event cannot resolve).
+void keep_until_deregistered(std::shared_ptr<const void> keepalive, const DeregisteredEvent& released);
 
 }  // namespace corma::rendezvous

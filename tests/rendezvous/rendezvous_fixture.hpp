@@ -19,6 +19,7 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <vector>
@@ -86,6 +87,24 @@ class Rendezvous : public ::testing::Test {
 };
 
 // ---- a raw client speaking the protocol (support/raw_client.hpp) ----
+
+/// Collects what a sink receives, checking the chunks come in order.
+struct CollectingSink {
+  std::vector<std::byte> bytes;
+  std::size_t calls = 0;
+  std::size_t largest = 0;
+  bool in_order = true;
+
+  corma::ChunkSink sink() {
+    return [this](std::uint64_t offset, std::span<const std::byte> chunk) -> corma::Result<void> {
+      in_order = in_order && offset == bytes.size();
+      bytes.insert(bytes.end(), chunk.begin(), chunk.end());
+      ++calls;
+      largest = std::max(largest, chunk.size());
+      return corma::success();
+    };
+  }
+};
 
 /// Runs the owner until `done` holds or `limit` passes (looking every few
 /// milliseconds); how long it took.

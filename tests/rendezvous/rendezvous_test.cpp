@@ -359,28 +359,6 @@ TEST_F(Rendezvous, WithoutTheExportCacheEveryLeaseRegistersAgain) {
   EXPECT_EQ(owner->stats().exports_registered, 2u);
 }
 
-namespace {
-
-/// Collects what a sink receives, checking the chunks come in order.
-struct CollectingSink {
-  std::vector<std::byte> bytes;
-  std::size_t calls = 0;
-  std::size_t largest = 0;
-  bool in_order = true;
-
-  corma::ChunkSink sink() {
-    return [this](std::uint64_t offset, std::span<const std::byte> chunk) -> corma::Result<void> {
-      in_order = in_order && offset == bytes.size();
-      bytes.insert(bytes.end(), chunk.begin(), chunk.end());
-      ++calls;
-      largest = std::max(largest, chunk.size());
-      return corma::success();
-    };
-  }
-};
-
-}  // namespace
-
 TEST_F(Rendezvous, AStreamedFetchHandsTheChunksOverInOrderAsTheyArrive) {
   corma::OwnerConfig config;
   config.chunk_size = 64 << 10;
