@@ -42,7 +42,9 @@ struct OwnerConfig {
   std::chrono::milliseconds lease_timeout{10000};
   /// How often abandoned leases are looked for.
   std::chrono::milliseconds reap_interval{250};
-  /// A connection silent this long between frames is closed.
+  /// A connection silent this long between frames is closed (counted from
+  /// the last frame read, also while its answer is worked on: registrations
+  /// take far less).
   std::chrono::milliseconds idle_timeout{60000};
   /// Deadline for the hello, for reading the rest of a frame once its first
   /// byte came, and for every write.

@@ -82,7 +82,9 @@ int run_get(const GetOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   auto fetch = [&]() -> asio::awaitable<Result<FetchOutcome>> {
     CORMA_CO_TRY(auto consumer, co_await Consumer::connect(io.get_executor(), owner.value(), registry, config));
-    co_return co_await consumer->async_fetch_to(options.path, output.value().destination());
+    // Named, not a temporary inside the co_await: g++ 12 destroys those twice.
+    auto destination = output.value().destination();
+    co_return co_await consumer->async_fetch_to(options.path, std::move(destination));
   };
   std::optional<Result<FetchOutcome>> outcome;
   auto finished = start;

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -13,15 +14,17 @@ namespace corma::cli {
 Result<OutputFile> OutputFile::create(std::filesystem::path path) {
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return fail(errc::not_configured, "cannot create " + path.string() + ": " + std::strerror(errno));
-  return OutputFile(std::move(path), fd);
+  struct stat status {};
+  const bool regular = ::fstat(fd, &status) == 0 && S_ISREG(status.st_mode);
+  return OutputFile(std::move(path), fd, regular);
 }
 
 OutputFile::OutputFile(OutputFile&& other) noexcept
-    : path_(std::move(other.path_)), fd_(std::exchange(other.fd_, -1)), kept_(other.kept_) {}
+    : path_(std::move(other.path_)), fd_(std::exchange(other.fd_, -1)), regular_(other.regular_), kept_(other.kept_) {}
 
 OutputFile::~OutputFile() {
   if (fd_ >= 0) ::close(fd_);
-  if (!kept_ && !path_.empty()) {
+  if (!kept_ && regular_ && !path_.empty()) {
     std::error_code ignored;
     std::filesystem::remove(path_, ignored);
   }
@@ -40,6 +43,7 @@ ChunkSink OutputFile::sink() {
 }
 
 StreamDestination OutputFile::destination() {
+  if (!regular_) return StreamDestination{sink(), {}};
   auto landing = [fd = fd_, path = path_.string()](std::uint64_t size) -> Result<Landing> {
     const auto fail_with = [&path](const char* what) {
       return fail(errc::backend, std::string(what) + " " + path + ": " + std::strerror(errno));

@@ -19,7 +19,8 @@ class OutputFile {
   OutputFile& operator=(OutputFile&&) = delete;
   OutputFile(const OutputFile&) = delete;
   OutputFile& operator=(const OutputFile&) = delete;
-  /// Removes the file unless keep() was called.
+  /// Removes the file unless keep() was called (a regular file only: a
+  /// device or a pipe named as the output is never removed).
   ~OutputFile();
 
   /// Writes each chunk at its offset (`backend` with the system's reason
@@ -27,16 +28,19 @@ class OutputFile {
   [[nodiscard]] ChunkSink sink();
   /// Where a fetch writes this file: chunks through sink(), an RDMA read
   /// straight into a shared mapping of the file (sized to the object), so
-  /// the bytes reach the file with no copy.
+  /// the bytes reach the file with no copy. Anything but a regular file (a
+  /// pipe, /dev/null) is written through the sink alone.
   [[nodiscard]] StreamDestination destination();
   /// The fetch succeeded: the file stays. `backend` if closing it failed.
   Result<void> keep();
 
  private:
-  OutputFile(std::filesystem::path path, int fd) : path_(std::move(path)), fd_(fd) {}
+  OutputFile(std::filesystem::path path, int fd, bool regular)
+      : path_(std::move(path)), fd_(fd), regular_(regular) {}
 
   std::filesystem::path path_;
   int fd_ = -1;
+  bool regular_ = false;
   bool kept_ = false;
 };
 

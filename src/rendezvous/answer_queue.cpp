@@ -41,10 +41,16 @@ asio::awaitable<void> AnswerQueue::enqueue(Answer answer) {
 }
 
 asio::awaitable<Result<void>> AnswerQueue::write(const Answer& answer) {
-  if (const auto* data = std::get_if<DataAnswer>(&answer)) {
-    co_return co_await connection_.write_data(data->request_id, data->offset, data->bytes, timeout_);
+  try {
+    if (const auto* data = std::get_if<DataAnswer>(&answer)) {
+      co_return co_await connection_.write_data(data->request_id, data->offset, data->bytes, timeout_);
+    }
+    co_return co_await connection_.write(std::get<Frame>(answer), timeout_);
+  } catch (const std::exception& e) {
+    // An answer that cannot be encoded: the writer must still go on (and
+    // every request end), so it is a failed write like any other.
+    co_return fail(errc::protocol, std::string("cannot write an answer: ") + e.what());
   }
-  co_return co_await connection_.write(std::get<Frame>(answer), timeout_);
 }
 
 void AnswerQueue::finished() noexcept {

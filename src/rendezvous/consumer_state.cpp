@@ -1,4 +1,5 @@
 #include "consumer_state.hpp"
+#include "keep_until_deregistered.hpp"
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/bind_cancellation_slot.hpp>
@@ -355,6 +356,12 @@ asio::awaitable<Result<void>> Consumer::State::rdma_get(std::span<std::byte> int
                                                         const std::function<void(DeregisteredEvent)>& keep_until,
                                                         const ReadInto& read) {
   CORMA_CO_TRY(auto guard, co_await registry->async_register(into, Access::local, asio::use_awaitable));
+  co_return co_await rdma_get(std::move(guard), keep_until, read);
+}
+
+asio::awaitable<Result<void>> Consumer::State::rdma_get(RegionGuard guard,
+                                                        const std::function<void(DeregisteredEvent)>& keep_until,
+                                                        const ReadInto& read) {
   auto got = co_await read(guard, 0);
   if (!got) {
     // A failed get may have been answered before it ended (cancelled,
@@ -435,17 +442,34 @@ asio::awaitable<Result<FetchOutcome>> Consumer::State::fetch(std::string name, c
   if (grant != nullptr || window != nullptr) {
     // Windows go to the sink one by one as they land; a whole grant after
     // (unless they landed where they belong).
-    const ChunkSink rdma_sink = destination.rdma_lands_for_good ? ChunkSink{} : destination.sink;
+    ChunkSink rdma_sink = destination.rdma_lands_for_good ? ChunkSink{} : destination.sink;
     const ReadInto read = [&](RegionGuard& guard, std::uint64_t base) {
       return grant != nullptr ? rdma_get_into(*grant, guard, base)
                               : read_windows(*window, guard, base, rdma_sink, fetched.windows);
     };
     // (Not a conditional expression: g++ 12 mishandles co_await inside one.)
     Result<void> got = success();
+    OwnedBuffer spare;  // for a landing the backend cannot register
     if (destination.registered != nullptr) {
       got = co_await read(*destination.registered, destination.registered_offset);
     } else {
-      got = co_await rdma_get(into.value(), destination.keep_until, read);
+      auto guard = co_await registry->async_register(into.value(), Access::local, asio::use_awaitable);
+      std::function<void(DeregisteredEvent)> keep_until = destination.keep_until;
+      if (!guard && destination.rdma_lands_for_good) {
+        // The caller's landing cannot be registered (a NIC may refuse to
+        // pin a file's shared mapping): the read lands in fresh memory
+        // instead, handed to the sink as without a landing.
+        spare = OwnedBuffer::allocate(std::max<std::uint64_t>(fetched.size, 1));
+        into = spare.bytes().first(fetched.size);
+        rdma_sink = destination.sink;
+        keep_until = [&spare](DeregisteredEvent released) { keep_until_deregistered(std::move(spare), released); };
+        guard = co_await registry->async_register(into.value(), Access::local, asio::use_awaitable);
+      }
+      if (guard) {
+        got = co_await rdma_get(std::move(guard).value(), keep_until, read);
+      } else {
+        got = std::move(guard).error();
+      }
     }
     if (got && rdma_sink && grant != nullptr) got = rdma_sink(0, into.value().first(fetched.size));
     if (got) {

@@ -141,6 +141,9 @@ struct Consumer::State {
   /// after; a failed read's memory is handed to `keep_until`.
   Awaitable<Result<void>> rdma_get(std::span<std::byte> into, const std::function<void(DeregisteredEvent)>& keep_until,
                                    const ReadInto& read);
+  /// The same into `guard`, registered for this read.
+  Awaitable<Result<void>> rdma_get(RegionGuard guard, const std::function<void(DeregisteredEvent)>& keep_until,
+                                   const ReadInto& read);
   /// The key imported for `packed` (once per packed key and peer).
   Awaitable<Result<RemoteKeyId>> key_for(const PackedKey& packed);
 

@@ -212,6 +212,10 @@ struct Owner::State : std::enable_shared_from_this<State> {
     std::vector<std::shared_ptr<Export>> idle;
     for (auto it = cached_exports.begin(); it != cached_exports.end();) {
       if (it->second.use_count() == 1) {
+        // Not handed out again while its deregistration runs.
+        if (auto live = exports.find(it->first); live != exports.end() && live->second.lock() == it->second) {
+          exports.erase(live);
+        }
         idle.push_back(std::move(it->second));
         cached_by_name.erase(it->first);
         it = cached_exports.erase(it);
@@ -226,32 +230,59 @@ struct Owner::State : std::enable_shared_from_this<State> {
     co_return !idle.empty();
   }
 
+  std::uint64_t publication_of(std::string_view name) const {
+    auto it = publications.find(name);
+    return it == publications.end() ? 0 : it->second;
+  }
+
+  /// Whether `exported` registers exactly `object`'s bytes (a name may
+  /// have been published again, or its file changed, since).
+  static bool covers(const Export& exported, const PublishedObject& object) {
+    const auto registered = exported.guard.bytes();
+    return registered.data() == object.bytes.data() && registered.size() == object.bytes.size();
+  }
+
+  /// A registration of `name` under way; its waiters are woken however it ends.
+  struct ExportUnderWay {
+    State& state;
+    std::string name;
+    std::shared_ptr<asio::steady_timer> done;
+    ExportUnderWay(State& s, std::string n)
+        : state(s), name(std::move(n)),
+          done(std::make_shared<asio::steady_timer>(s.executor, asio::steady_timer::time_point::max())) {
+      state.exporting.emplace(name, done);
+    }
+    ExportUnderWay(const ExportUnderWay&) = delete;
+    ExportUnderWay& operator=(const ExportUnderWay&) = delete;
+    ~ExportUnderWay() {
+      state.exporting.erase(name);
+      done->cancel();
+    }
+  };
+
   /// The registration of `object` that leases of `name` read: the cached
   /// or live one, or a new one (one at a time per name).
   asio::awaitable<Result<std::shared_ptr<Export>>> export_object(const std::string& name,
                                                                   const PublishedObject& object, bool cacheable) {
     for (;;) {
-      if (auto cached = cached_export(name)) co_return cached;
+      if (auto cached = cached_export(name); cached && covers(*cached, object)) co_return cached;
       if (auto it = exports.find(name); it != exports.end()) {
-        if (auto shared = it->second.lock()) co_return shared;
+        if (auto shared = it->second.lock(); shared && covers(*shared, object)) co_return shared;
       }
       auto under_way = exporting.find(name);
       if (under_way == exporting.end()) break;
       // Another acquire registers it now: its export is taken when ready
-      // (or, if it failed, this one tries in turn).
+      // (or, if it failed or registered other bytes, this one tries in turn).
       const auto registered = under_way->second;
       (void)co_await registered->async_wait(asio::as_tuple(asio::use_awaitable));
     }
-    auto done = std::make_shared<asio::steady_timer>(executor, asio::steady_timer::time_point::max());
-    exporting.emplace(name, done);
-    auto exported = co_await register_export(name, object, cacheable);
-    exporting.erase(name);
-    done->cancel();
-    co_return exported;
+    const ExportUnderWay under_way(*this, name);
+    co_return co_await register_export(name, object, cacheable);
   }
 
   asio::awaitable<Result<std::shared_ptr<Export>>> register_export(const std::string& name,
                                                                     const PublishedObject& object, bool cacheable) {
+    const auto publication = publication_of(name);
     // Registered read-only: peers may get from it, never put into it.
     std::span<std::byte> memory(const_cast<std::byte*>(object.bytes.data()), object.bytes.size());
     auto guard = co_await registry->async_register(memory, Access::remote_read, asio::use_awaitable);
@@ -262,8 +293,15 @@ struct Owner::State : std::enable_shared_from_this<State> {
     CORMA_CO_TRY(auto descriptor, describe(guard.value().remote()));
     auto exported = std::make_shared<Export>(std::move(guard).value(), encode(descriptor), object.keepalive);
     ++stats.exports_registered;
-    exports[name] = exported;
-    if (cacheable && config.cache_exports) cache_export(name, exported);
+    // Published again while this registered: the lease that asked reads
+    // these bytes, but later acquires must not.
+    if (publication_of(name) == publication) {
+      exports[name] = exported;
+      if (cacheable && config.cache_exports) {
+        forget_cached_export(name);
+        cache_export(name, exported);
+      }
+    }
     co_return exported;
   }
 
@@ -602,7 +640,14 @@ struct Owner::State : std::enable_shared_from_this<State> {
   /// request it took.
   asio::awaitable<void> answer_concurrently([[maybe_unused]] std::shared_ptr<State> self, Session session, AnswerQueue& answers,
                                             Frame frame) {
-    auto reply = co_await registering_answer(session, std::move(frame.message));
+    Message reply;
+    try {
+      reply = co_await registering_answer(session, std::move(frame.message));
+    } catch (const std::exception& e) {
+      // (A resolver that throws, say.) The request is answered all the
+      // same: the connection waits for every answer it owes.
+      reply = error_reply(Error{errc::backend, std::string("the owner failed to answer: ") + e.what()});
+    }
     Frame response{frame.request_id, std::move(reply)};
     co_await answers.answer(std::move(response));
   }

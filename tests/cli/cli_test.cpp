@@ -19,6 +19,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -300,6 +301,17 @@ TEST_F(TwoProcesses, FilesArriveByteIdenticalOverEachPath) {
   auto refused = Process::start({binary, "get", owner, "../etc/passwd", "-o", (base / "x").string()});
   EXPECT_EQ(refused.wait_exit(std::chrono::seconds(30)), 1);
   EXPECT_NE(refused.captured.find("not served"), std::string::npos) << refused.captured;
+
+  // An output that is not a regular file is written, not mapped, over
+  // RDMA too, and never removed when the fetch fails.
+  auto discarded = Process::start({binary, "get", owner, "big.bin", "-o", "/dev/null", "--trusted-peers"});
+  ASSERT_EQ(discarded.wait_exit(std::chrono::seconds(30)), 0) << discarded.captured;
+  EXPECT_NE(discarded.captured.find("via rdma,"), std::string::npos) << discarded.captured;
+  const auto fifo = base / "fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto missing = Process::start({binary, "get", owner, "missing.bin", "-o", fifo.string(), "--trusted-peers"});
+  EXPECT_EQ(missing.wait_exit(std::chrono::seconds(30)), 1) << missing.captured;
+  EXPECT_TRUE(std::filesystem::is_fifo(fifo)) << "a failed fetch removed an output that is not a regular file";
 }
 
 TEST_F(TwoProcesses, ServeListensOnlyWhereItIsTold) {

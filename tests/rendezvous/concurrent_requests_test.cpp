@@ -1,11 +1,13 @@
 // The owner works on one connection's requests concurrently: an acquire or a
 // window waiting for its registration does not hold up the pulls, renewals
 // and releases sent behind it, and concurrent requests still keep every
-// limit (lease caps, one registration per object, one window move at a time).
+// limit (lease caps, one registration per object, one window move at a
+// time) and never hand out bytes published over since.
 // Played from a raw client, which sends requests without waiting for answers.
 #include "rendezvous/rendezvous_fixture.hpp"
 
 #include <cstring>
+#include <map>
 #include <set>
 
 namespace {
@@ -103,6 +105,54 @@ TEST_F(Rendezvous, AcquiresUnderWayCountAgainstTheLeaseCapAndShareOneRegistratio
     EXPECT_EQ(descriptors.size(), 1U) << "both leases read the same registration";
     EXPECT_EQ(owner->stats().exports_registered, 1U);
     EXPECT_EQ(owner->stats().live_leases, 2U);
+    (void)co_await consumer_backend->async_peer_close(peer, asio::use_awaitable);
+  }());
+}
+
+TEST_F(Rendezvous, AnObjectPublishedAgainWhileItRegistersIsRegisteredAfreshForLaterAcquires) {
+  start_owner();
+  const auto replacement = pattern(big.size(), 77);
+  corma::testing::run(io, [&]() -> asio::awaitable<void> {
+    auto [client, peer] = co_await rdma_raw_client();
+    owner_backend->hold_maps();
+    auto acquire_old = message(rv::Acquire{"big", true});
+    const auto old_id = co_await send(client, std::move(acquire_old));
+    (void)co_await until([&] { return owner_backend->wait_for_held_maps(1, std::chrono::milliseconds(0)); },
+                         std::chrono::seconds(5));
+    // Published again while the first registration is held: the second
+    // acquire waits for it, then must not read the old bytes.
+    owner->publish("big", corma::PublishedObject{replacement, nullptr});
+    auto acquire_new = message(rv::Acquire{"big", true});
+    const auto new_id = co_await send(client, std::move(acquire_new));
+    owner_backend->release_maps();
+    std::map<std::uint64_t, std::vector<std::byte>> descriptors;
+    for (int i = 0; i < 2; ++i) {
+      auto frame = co_await next_answer(client);
+      if (auto* grant = std::get_if<rv::RdmaGrant>(&frame.message)) descriptors[frame.request_id] = grant->descriptor;
+    }
+    EXPECT_EQ(descriptors.size(), 2U);
+    EXPECT_NE(descriptors[old_id], descriptors[new_id]) << "the second lease reads the new bytes";
+    auto acquire_again = message(rv::Acquire{"big", true});
+    auto again = co_await client.ask(std::move(acquire_again));
+    auto* grant = again ? std::get_if<rv::RdmaGrant>(&again.value()) : nullptr;
+    EXPECT_TRUE(grant != nullptr && grant->descriptor == descriptors[new_id]) << "the new export is the one kept";
+    EXPECT_EQ(owner->stats().exports_registered, 2U);
+    (void)co_await consumer_backend->async_peer_close(peer, asio::use_awaitable);
+  }());
+}
+
+TEST_F(Rendezvous, AResolverThatThrowsIsAnsweredAndTheConnectionServesOn) {
+  start_owner();
+  owner->set_resolver([](std::string_view) -> corma::Result<corma::PublishedObject> {
+    throw std::runtime_error("the disk went away");
+  });
+  corma::testing::run(io, [&]() -> asio::awaitable<void> {
+    auto [client, peer] = co_await rdma_raw_client();
+    auto unknown = message(rv::Acquire{"not-published", true});
+    EXPECT_TRUE(is_error(co_await client.ask(std::move(unknown)), errc::backend));
+    auto known = message(rv::Acquire{"small", false});
+    auto chunked = co_await client.ask(std::move(known));
+    EXPECT_TRUE(chunked && std::holds_alternative<rv::Chunked>(chunked.value()));
     (void)co_await consumer_backend->async_peer_close(peer, asio::use_awaitable);
   }());
 }

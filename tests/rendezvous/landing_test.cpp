@@ -2,7 +2,9 @@
 // StreamDestination, as `corma get` writes a file): an RDMA read, whole or
 // in windows, lands in the caller's memory for good and the sink is not
 // handed it; chunks, and the chunks of a fallback, go to the sink; a
-// landing that cannot be had fails the fetch and releases its lease.
+// landing the backend cannot register is replaced by fresh memory handed to
+// the sink; a landing that cannot be had fails the fetch and releases its
+// lease.
 #include "rendezvous/rendezvous_fixture.hpp"
 
 #include <cstring>
@@ -27,7 +29,7 @@ struct TestLanding {
   corma::LandingFor landing() {
     return [this](std::uint64_t size) -> corma::Result<corma::Landing> {
       ++asked;
-      memory.assign(size, std::byte{0});
+      if (memory.size() != size) memory.assign(size, std::byte{0});
       auto keepalive = std::make_shared<int>(0);
       held = keepalive;
       return corma::Landing{std::span(memory).first(size - short_by), std::move(keepalive)};
@@ -45,7 +47,8 @@ class Landing : public Rendezvous {
   corma::Result<corma::FetchOutcome> fetch_to(std::shared_ptr<Registry> registry, std::string name) {
     return corma::testing::run(io, [&]() -> asio::awaitable<corma::Result<corma::FetchOutcome>> {
       CORMA_CO_TRY(auto consumer, co_await connect(std::move(registry)));
-      co_return co_await consumer->async_fetch_to(std::move(name), destination());
+      auto to = destination();  // named: g++ 12 destroys temporaries inside co_await twice
+      co_return co_await consumer->async_fetch_to(std::move(name), std::move(to));
     }());
   }
 };
@@ -95,6 +98,20 @@ TEST_F(Landing, AFailedRdmaReadFallsBackToChunksInTheSink) {
   EXPECT_TRUE(outcome.value().fell_back);
   EXPECT_EQ(landed.asked, 1U) << "the fallback asks for no second landing";
   EXPECT_EQ(collected.bytes, big);
+  EXPECT_EQ(owner->stats().live_leases, 0U);
+}
+
+TEST_F(Landing, ALandingTheBackendCannotRegisterIsReplacedByFreshMemoryForTheSink) {
+  start_owner();
+  landed.memory.assign(big.size(), std::byte{0});
+  consumer_backend->set_faults(TestBackendFaults{.refuse_maps_in = landed.memory});
+  auto outcome = fetch_to(consumer_registry, "big");
+  ASSERT_TRUE(outcome) << outcome.error().message();
+  EXPECT_EQ(outcome.value().path, Path::rdma) << "still read over RDMA, not a fallback";
+  EXPECT_FALSE(outcome.value().fell_back);
+  EXPECT_EQ(collected.calls, 1U) << "the sink was handed the object whole";
+  EXPECT_EQ(collected.bytes, big);
+  EXPECT_EQ(landed.memory, std::vector<std::byte>(big.size())) << "nothing landed in the refused memory";
   EXPECT_EQ(owner->stats().live_leases, 0U);
 }
 

@@ -211,6 +211,11 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
     if (auto valid = validate_range(op->ptr, op->len); !valid) {
       return answer_map(lock, op_id, std::move(valid).error());
     }
+    const auto* start = static_cast<const std::byte*>(op->ptr);
+    const auto refused = faults.refuse_maps_in;
+    if (!refused.empty() && start >= refused.data() && start < refused.data() + refused.size()) {
+      return answer_map(lock, op_id, fail(errc::backend, "the provider cannot register this memory"));
+    }
     if (holding) {
       op->held = true;
       ++held_count;

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <memory>
 #include <optional>
+#include <span>
 #include <thread>
 
 namespace corma::testing {
@@ -25,6 +26,9 @@ struct TestBackendFaults {
   bool refuse_unmap = false;
   /// Transfers fail with `backend` (after transfer_delay).
   bool fail_transfers = false;
+  /// Maps of memory starting in this range answer `backend`: memory the
+  /// provider cannot register (a NIC that refuses to pin a file's mapping).
+  std::span<const std::byte> refuse_maps_in{};
 };
 
 /// The test backend's descriptors and offers on the wire.
