@@ -1,0 +1,200 @@
+// Registrations of objects for leases: the export cache, one registration
+// per object at a time, and RDMA windows for objects larger than the budget.
+#include "owner_state.hpp"
+
+#include <corma/descriptor.hpp>
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <unistd.h>
+
+#include <algorithm>
+
+namespace corma {
+
+namespace asio = boost::asio;
+using namespace rendezvous;
+
+std::shared_ptr<Export> Owner::State::cached_export(const std::string& name) {
+  auto found = cached_by_name.find(name);
+  if (found == cached_by_name.end()) return nullptr;
+  cached_exports.splice(cached_exports.end(), cached_exports, found->second);  // most recently used last
+  return found->second->second;
+}
+
+void Owner::State::cache_export(const std::string& name, std::shared_ptr<Export> exported) {
+  cached_exports.emplace_back(name, std::move(exported));
+  cached_by_name[name] = std::prev(cached_exports.end());
+}
+
+void Owner::State::forget_cached_export(const std::string& name) {
+  auto found = cached_by_name.find(name);
+  if (found == cached_by_name.end()) return;
+  cached_exports.erase(found->second);
+  cached_by_name.erase(found);
+}
+
+void Owner::State::forget_cached_exports() {
+  cached_exports.clear();
+  cached_by_name.clear();
+}
+
+asio::awaitable<bool> Owner::State::evict_idle_exports() {
+  std::vector<std::shared_ptr<Export>> idle;
+  for (auto it = cached_exports.begin(); it != cached_exports.end();) {
+    if (it->second.use_count() == 1) {
+      // Not handed out again while its deregistration runs.
+      if (auto live = exports.find(it->first); live != exports.end() && live->second.lock() == it->second) {
+        exports.erase(live);
+      }
+      idle.push_back(std::move(it->second));
+      cached_by_name.erase(it->first);
+      it = cached_exports.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (auto& exported : idle) {
+    (void)co_await exported->guard.async_deregister(asio::use_awaitable);
+    ++stats.exports_evicted;
+  }
+  co_return !idle.empty();
+}
+
+std::uint64_t Owner::State::publication_of(std::string_view name) const {
+  auto it = publications.find(name);
+  return it == publications.end() ? 0 : it->second;
+}
+
+bool Owner::State::covers(const Export& exported, const PublishedObject& object) {
+  const auto registered = exported.guard.bytes();
+  return registered.data() == object.bytes.data() && registered.size() == object.bytes.size();
+}
+
+asio::awaitable<Result<std::shared_ptr<Export>>> Owner::State::export_object(const std::string& name,
+                                                                             const PublishedObject& object,
+                                                                             bool cacheable) {
+  for (;;) {
+    if (auto cached = cached_export(name); cached && covers(*cached, object)) co_return cached;
+    if (auto it = exports.find(name); it != exports.end()) {
+      if (auto shared = it->second.lock(); shared && covers(*shared, object)) co_return shared;
+    }
+    auto under_way = exporting.find(name);
+    if (under_way == exporting.end()) break;
+    // Another acquire registers it now: its export is taken when ready
+    // (or, if it failed or registered other bytes, this one tries in turn).
+    const auto registered = under_way->second;
+    (void)co_await registered->async_wait(asio::as_tuple(asio::use_awaitable));
+  }
+  const ExportUnderWay under_way(*this, name);
+  co_return co_await register_export(name, object, cacheable);
+}
+
+asio::awaitable<Result<std::shared_ptr<Export>>> Owner::State::register_export(const std::string& name,
+                                                                               const PublishedObject& object,
+                                                                               bool cacheable) {
+  const auto publication = publication_of(name);
+  // Registered read-only: peers may get from it, never put into it.
+  std::span<std::byte> memory(const_cast<std::byte*>(object.bytes.data()), object.bytes.size());
+  auto guard = co_await registry->async_register(memory, Access::remote_read, asio::use_awaitable);
+  if (!guard && guard.error().is(errc::budget_exceeded) && co_await evict_idle_exports()) {
+    guard = co_await registry->async_register(memory, Access::remote_read, asio::use_awaitable);
+  }
+  if (!guard) co_return std::move(guard).error();
+  CORMA_CO_TRY(auto descriptor, describe(guard.value().remote()));
+  auto exported = std::make_shared<Export>(std::move(guard).value(), encode(descriptor), object.keepalive);
+  ++stats.exports_registered;
+  // Published again while this registered: the lease that asked reads
+  // these bytes, but later acquires must not.
+  if (publication_of(name) == publication) {
+    exports[name] = exported;
+    if (cacheable && config.cache_exports) {
+      forget_cached_export(name);
+      cache_export(name, exported);
+    }
+  }
+  co_return exported;
+}
+
+std::uint64_t Owner::State::window_length(const std::byte* start, std::uint64_t remaining, std::size_t sharers) const {
+  const auto budget = registry->stats();
+  const auto used = budget.registered_bytes + budget.reserved_bytes;
+  const auto left = budget.budget_bytes > used ? budget.budget_bytes - used : 0;
+  const auto page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  auto share = std::min<std::uint64_t>(left, budget.budget_bytes / (sharers + 1));
+  if (reinterpret_cast<std::uintptr_t>(start) % page != 0) share = share > page ? share - page : 0;
+  share -= share % page;
+  share = std::clamp<std::uint64_t>(share, config.min_window, std::max(config.max_window, config.min_window));
+  return std::min(share, remaining);
+}
+
+asio::awaitable<Result<std::shared_ptr<Export>>> Owner::State::export_window(const PublishedObject& object,
+                                                                             std::uint64_t offset,
+                                                                             std::size_t sharers) {
+  const std::uint64_t remaining = object.bytes.size() - offset;
+  std::uint64_t len = window_length(object.bytes.data() + offset, remaining, sharers);
+  const std::uint64_t smallest = std::min<std::uint64_t>(std::max<std::uint64_t>(config.min_window, 1), remaining);
+  for (;;) {
+    std::span<std::byte> memory(const_cast<std::byte*>(object.bytes.data()) + offset, len);
+    auto guard = co_await registry->async_register(memory, Access::remote_read, asio::use_awaitable);
+    if (guard) {
+      CORMA_CO_TRY(auto descriptor, describe(guard.value().remote()));
+      ++stats.windows;
+      co_return std::make_shared<Export>(std::move(guard).value(), encode(descriptor), object.keepalive);
+    }
+    if (!guard.error().is(errc::budget_exceeded)) co_return std::move(guard).error();
+    if (co_await evict_idle_exports()) {
+      len = window_length(object.bytes.data() + offset, remaining, sharers);  // with the room given back
+      continue;
+    }
+    if (len <= smallest) co_return std::move(guard).error();
+    len = std::max(smallest, len / 2);
+  }
+}
+
+asio::awaitable<Message> Owner::State::next_window(std::uint64_t session, NextWindow request) {
+  Lease* lease = lease_of(session, request.lease);
+  if (lease == nullptr) {
+    ++stats.refused_requests;
+    co_return error_reply(Error{errc::region_not_found, "no such lease on this connection"});
+  }
+  if (!lease->windowed) {
+    ++stats.refused_requests;
+    co_return error_reply(Error{errc::out_of_range, "this lease is not lent in windows"});
+  }
+  const auto size = lease->object.bytes.size();
+  if (request.offset != lease->window_end || request.offset >= size) {
+    ++stats.refused_requests;
+    co_return error_reply(Error{errc::out_of_range, "windows move forward: the next one starts at " +
+                                                        std::to_string(lease->window_end) + " of " +
+                                                        std::to_string(size)});
+  }
+  if (lease->moving) {
+    ++stats.refused_requests;
+    co_return error_reply(Error{errc::out_of_range, "this lease's next window is being registered already"});
+  }
+  refresh(*lease);
+  lease->moving = true;
+  const auto object = lease->object;
+  if (auto current = std::move(lease->exported); current) {
+    (void)co_await current->guard.async_deregister(asio::use_awaitable);
+  }
+  auto window = co_await export_window(object, request.offset, std::max<std::size_t>(windowed_leases, 1));
+  // The lease may have gone meanwhile (released, reaped, or its connection closed).
+  lease = lease_of(session, request.lease);
+  if (lease == nullptr) co_return error_reply(Error{errc::region_not_found, "the lease ended meanwhile"});
+  lease->moving = false;
+  if (!window) co_return error_reply(std::move(window).error());
+  lease->exported = std::move(window).value();
+  lease->window_end = request.offset + lease->exported->guard.size();
+  refresh(*lease);
+  co_return RdmaWindow{request.lease,
+                       size,
+                       static_cast<std::uint32_t>(config.lease_timeout.count()),
+                       request.offset,
+                       lease->exported->guard.size(),
+                       lease->exported->descriptor};
+}
+
+}  // namespace corma

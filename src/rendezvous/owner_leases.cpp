@@ -1,0 +1,239 @@
+// Objects and leases: acquires (single and batched), pulls, renewals,
+// releases, and the reaper of abandoned leases.
+#include "owner_state.hpp"
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <algorithm>
+
+namespace corma {
+
+namespace asio = boost::asio;
+using namespace rendezvous;
+
+Result<PublishedObject> Owner::State::find(std::string_view name) {
+  if (auto it = published.find(name); it != published.end()) return it->second;
+  if (resolver) return resolver(name);
+  return fail(errc::region_not_found, "no object named '" + std::string(name) + "'");
+}
+
+std::size_t Owner::State::leases_of(std::uint64_t session) const {
+  auto it = session_leases.find(session);
+  auto under_way = acquiring.find(session);
+  return (it == session_leases.end() ? 0 : it->second.size()) + (under_way == acquiring.end() ? 0 : under_way->second);
+}
+
+void Owner::State::add_lease(std::uint64_t id, Lease lease) {
+  session_leases[lease.session].insert(id);
+  leases.emplace(id, std::move(lease));
+}
+
+std::map<std::uint64_t, Lease>::iterator Owner::State::erase_lease(std::map<std::uint64_t, Lease>::iterator it) {
+  if (it->second.windowed) --windowed_leases;
+  if (auto owner = session_leases.find(it->second.session); owner != session_leases.end()) {
+    owner->second.erase(it->first);
+    if (owner->second.empty()) session_leases.erase(owner);
+  }
+  return leases.erase(it);
+}
+
+bool Owner::State::republished_since(const Lease& lease) const {
+  if (!lease.publication) return false;
+  auto it = publications.find(lease.name);
+  return it == publications.end() || it->second != *lease.publication;
+}
+
+Lease* Owner::State::lease_of(std::uint64_t session, std::uint64_t id) {
+  auto it = leases.find(id);
+  if (it == leases.end() || it->second.session != session) return nullptr;
+  return &it->second;
+}
+
+asio::awaitable<Grant> Owner::State::acquire(std::uint64_t session, bool rdma_peer, bool windows, Acquire request) {
+  auto object = find(request.name);
+  if (!object) {
+    if (object.error().is(errc::region_not_found)) {
+      ++stats.not_found;
+      co_return NotFound{};
+    }
+    co_return error_reply(object.error());
+  }
+  if (leases_of(session) >= config.max_leases_per_connection) {
+    ++stats.refused_requests;
+    co_return error_reply(Error{errc::budget_exceeded, "too many leases on this connection"});
+  }
+  if (leases.size() + acquiring_total >= config.max_leases) {
+    ++stats.refused_requests;
+    co_return error_reply(Error{errc::budget_exceeded,
+                                "the owner holds its maximum of " + std::to_string(config.max_leases) + " leases"});
+  }
+  const AcquireUnderWay under_way(*this, session);
+  const std::uint64_t size = object.value().bytes.size();
+  Lease lease{session, request.name, object.value(), std::nullopt, nullptr, {}};
+  if (auto it = publications.find(request.name); it != publications.end() && published.contains(request.name)) {
+    lease.publication = it->second;
+  }
+  std::optional<ChunkedReason> reason;
+  if (draining) {
+    reason = ChunkedReason::draining;
+  } else if (!request.wants_rdma || !rdma_peer) {
+    reason = ChunkedReason::no_offer;
+  } else if (size < config.rdma_threshold) {
+    reason = ChunkedReason::below_threshold;
+  } else {
+    const bool cacheable = published.find(request.name) != published.end();
+    auto exported = co_await export_object(request.name, lease.object, cacheable);
+    if (exported) {
+      lease.exported = std::move(exported).value();
+    } else if (windows && exported.error().is(errc::budget_exceeded)) {
+      auto window = co_await export_window(lease.object, 0, windowed_leases + 1);
+      if (window) {
+        lease.exported = std::move(window).value();
+        lease.windowed = true;
+        lease.window_end = lease.exported->guard.size();
+      } else {
+        reason = window.error().is(errc::budget_exceeded) ? ChunkedReason::no_window : reason_for(window.error());
+      }
+    } else {
+      reason = reason_for(exported.error());
+    }
+  }
+  const std::uint64_t id = next_lease++;
+  refresh(lease);
+  const auto timeout_ms = static_cast<std::uint32_t>(config.lease_timeout.count());
+  if (reason) {
+    ++stats.decisions.chunked_by_reason[std::string(to_string(*reason))];
+    add_lease(id, std::move(lease));
+    co_return Chunked{id, size, config.chunk_size, timeout_ms, *reason};
+  }
+  ++stats.decisions.rdma;
+  auto descriptor = lease.exported->descriptor;
+  if (lease.windowed) {
+    ++windowed_leases;
+    const auto window_len = lease.window_end;
+    add_lease(id, std::move(lease));
+    co_return RdmaWindow{id, size, timeout_ms, 0, window_len, std::move(descriptor)};
+  }
+  add_lease(id, std::move(lease));
+  co_return RdmaGrant{id, size, timeout_ms, std::move(descriptor)};
+}
+
+Result<PublishedObject> Owner::State::pull(std::uint64_t session, const Pull& request) {
+  Lease* lease = lease_of(session, request.lease);
+  if (lease == nullptr) {
+    ++stats.refused_requests;
+    return Error{errc::region_not_found, "no such lease on this connection"};
+  }
+  if (request.len > config.chunk_size) {
+    ++stats.refused_requests;
+    return Error{errc::out_of_range, "pull larger than the chunk size"};
+  }
+  // Nothing outside the published range is ever sent.
+  if (auto inside = validate_slice(request.offset, request.len, lease->object.bytes.size()); !inside) {
+    ++stats.refused_requests;
+    return std::move(inside).error();
+  }
+  refresh(*lease);
+  ++stats.pulls;
+  stats.pulled_bytes += request.len;
+  return PublishedObject{lease->object.bytes.subspan(request.offset, request.len), lease->object.keepalive};
+}
+
+Message Owner::State::renew(std::uint64_t session, const Renew& request) {
+  Lease* lease = lease_of(session, request.lease);
+  if (lease == nullptr) {
+    ++stats.refused_requests;
+    return error_reply(Error{errc::region_not_found, "no such lease on this connection"});
+  }
+  refresh(*lease);
+  return Renewed{static_cast<std::uint32_t>(config.lease_timeout.count())};
+}
+
+Message Owner::State::release(std::uint64_t session, const Release& request) {
+  Lease* lease = lease_of(session, request.lease);
+  if (lease == nullptr) return Released{};
+  const bool changed = republished_since(*lease);
+  erase_lease(leases.find(request.lease));
+  ++stats.leases_released;
+  if (changed) return error_reply(Error{errc::object_changed, "the object was published again during the lease"});
+  return Released{};
+}
+
+void Owner::State::drop_leases_of(std::uint64_t session) {
+  auto owned = session_leases.find(session);
+  if (owned == session_leases.end()) return;
+  for (auto id : owned->second) {
+    if (auto it = leases.find(id); it != leases.end()) {
+      if (it->second.windowed) --windowed_leases;
+      leases.erase(it);
+    }
+  }
+  session_leases.erase(owned);
+}
+
+std::uint16_t Owner::State::announced_batch() const {
+  const std::size_t half_the_leases = std::max<std::size_t>(config.max_leases_per_connection / 2, 1);
+  return static_cast<std::uint16_t>(
+      std::clamp<std::size_t>(std::min(config.max_batch_objects, half_the_leases), 1, max_grants_per_frame));
+}
+
+std::optional<ErrorReply> Owner::State::admit_batch(std::size_t size) {
+  if (size > announced_batch()) {
+    ++stats.refused_requests;
+    return error_reply(Error{errc::budget_exceeded, "a batch of " + std::to_string(size) +
+                                                        " elements exceeds this owner's limit of " +
+                                                        std::to_string(announced_batch())});
+  }
+  ++stats.batch_requests;
+  return std::nullopt;
+}
+
+asio::awaitable<Message> Owner::State::acquire_many(std::uint64_t session, bool rdma_peer, AcquireMany request) {
+  if (auto refused = admit_batch(request.names.size())) co_return std::move(*refused);
+  Granted granted;
+  granted.grants.reserve(request.names.size());
+  for (auto& name : request.names) {
+    // Named, not a temporary inside the co_await: g++ 12 destroys those twice.
+    Acquire single{std::move(name), request.wants_rdma};
+    granted.grants.push_back(co_await acquire(session, rdma_peer, true, std::move(single)));
+  }
+  co_return granted;
+}
+
+Message Owner::State::release_many(std::uint64_t session, const ReleaseMany& request) {
+  if (auto refused = admit_batch(request.leases.size())) return std::move(*refused);
+  ReleasedMany released;
+  released.codes.reserve(request.leases.size());
+  for (auto lease : request.leases) {
+    if (lease_of(session, lease) == nullptr) {
+      ++stats.refused_requests;
+      released.codes.push_back(static_cast<std::uint16_t>(errc::region_not_found));
+      continue;
+    }
+    auto answer = release(session, Release{lease});
+    const auto* error = std::get_if<ErrorReply>(&answer);
+    released.codes.push_back(error != nullptr ? error->code : 0);
+  }
+  return released;
+}
+
+asio::awaitable<void> Owner::State::reap() {
+  auto self = shared_from_this();
+  while (!draining) {
+    reaper.expires_after(config.reap_interval);
+    auto [ec] = co_await reaper.async_wait(asio::as_tuple(asio::use_awaitable));
+    if (ec) break;
+    const auto now = clock_type::now();
+    for (auto it = leases.begin(); it != leases.end();) {
+      if (it->second.deadline < now) {
+        it = erase_lease(it);
+        ++stats.leases_expired;
+      } else {
+        ++it;
+      }
+    }
+  }
+}
+
+}  // namespace corma

@@ -1,0 +1,152 @@
+// One connection: its hello, then its requests, worked on concurrently
+// (registrations in the background, everything else answered at once).
+#include "owner_state.hpp"
+#include "hello.hpp"
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+namespace corma {
+
+namespace asio = boost::asio;
+using namespace rendezvous;
+
+asio::awaitable<Owner::State::Greeting> Owner::State::handshake(FramedConnection& connection) {
+  Greeting greeting;
+  auto first = co_await connection.read(config.io_timeout, config.io_timeout);
+  if (!first || !std::holds_alternative<Hello>(first.value().message)) {
+    ++stats.refused_requests;
+    co_return greeting;
+  }
+  auto answered = co_await answer_hello(registry ? registry->backend().get() : nullptr,
+                                        std::move(std::get<Hello>(first.value().message)), announced_batch());
+  // A refused hello (an unsupported version) is a refused request.
+  auto* ok = std::get_if<HelloOk>(&answered.reply);
+  if (ok == nullptr) ++stats.refused_requests;
+  greeting.version = ok != nullptr ? ok->version : 0;
+  greeting.peer = answered.peer;
+  Frame reply{first.value().request_id, std::move(answered.reply)};
+  const bool written = static_cast<bool>(co_await connection.write(reply, config.io_timeout));
+  greeting.ok = written && ok != nullptr;
+  co_return greeting;
+}
+
+bool Owner::State::registers(const Session& session, const Message& message) {
+  return std::holds_alternative<Acquire>(message) ||
+         (session.version2 &&
+          (std::holds_alternative<AcquireMany>(message) || std::holds_alternative<NextWindow>(message)));
+}
+
+asio::awaitable<Message> Owner::State::registering_answer(const Session& session, Message message) {
+  if (auto* acquire_request = std::get_if<Acquire>(&message)) {
+    auto grant = co_await acquire(session.id, session.rdma_peer, session.version2, std::move(*acquire_request));
+    co_return std::visit([](auto&& answer) { return Message{std::move(answer)}; }, std::move(grant));
+  }
+  if (auto* many = std::get_if<AcquireMany>(&message)) {
+    co_return co_await acquire_many(session.id, session.rdma_peer, std::move(*many));
+  }
+  co_return co_await next_window(session.id, std::get<NextWindow>(message));
+}
+
+asio::awaitable<void> Owner::State::answer_concurrently([[maybe_unused]] std::shared_ptr<State> self, Session session,
+                                                        AnswerQueue& answers, Frame frame) {
+  Message reply;
+  try {
+    reply = co_await registering_answer(session, std::move(frame.message));
+  } catch (const std::exception& e) {
+    // (A resolver that throws, say.) The request is answered all the
+    // same: the connection waits for every answer it owes.
+    reply = error_reply(Error{errc::backend, std::string("the owner failed to answer: ") + e.what()});
+  }
+  Frame response{frame.request_id, std::move(reply)};
+  co_await answers.answer(std::move(response));
+}
+
+asio::awaitable<bool> Owner::State::take(const Session& session, AnswerQueue& answers, Frame frame) {
+  const auto request_id = frame.request_id;
+  auto& message = frame.message;
+  if (registers(session, message)) {
+    asio::co_spawn(executor, answer_concurrently(shared_from_this(), session, answers, std::move(frame)),
+                   asio::detached);
+    co_return true;
+  }
+  Message reply = ErrorReply{static_cast<std::uint16_t>(errc::protocol), "unexpected message"};
+  bool hostile = false;
+  if (auto* pull_request = std::get_if<Pull>(&message)) {
+    auto slice = pull(session.id, *pull_request);
+    if (slice) {
+      co_await answers.answer_data(request_id, pull_request->offset, slice.value().bytes,
+                                   std::move(slice.value().keepalive));
+      co_return true;
+    }
+    reply = error_reply(std::move(slice).error());
+  } else if (auto* renew_request = std::get_if<Renew>(&message)) {
+    reply = renew(session.id, *renew_request);
+  } else if (auto* release_request = std::get_if<Release>(&message)) {
+    reply = release(session.id, *release_request);
+  } else if (auto* to_release = std::get_if<ReleaseMany>(&message); to_release != nullptr && session.version2) {
+    reply = release_many(session.id, *to_release);
+  } else if (std::holds_alternative<AcquireMany>(message) || std::holds_alternative<ReleaseMany>(message) ||
+             std::holds_alternative<NextWindow>(message)) {
+    ++stats.refused_requests;  // a version 1 session: answered, the connection kept
+    reply = ErrorReply{static_cast<std::uint16_t>(errc::protocol), "this request needs protocol version 2"};
+  } else {
+    hostile = true;  // a consumer never sends owner messages
+    ++stats.refused_requests;
+  }
+  Frame response{request_id, std::move(reply)};
+  co_await answers.answer(std::move(response));
+  co_return !hostile;
+}
+
+asio::awaitable<void> Owner::State::session(asio::ip::tcp::socket socket) {
+  auto self = shared_from_this();
+  auto connection = std::make_shared<FramedConnection>(std::move(socket), default_max_frame_body);
+  connections.insert(connection);
+  ++stats.connections;
+  const std::uint64_t session_id = next_session++;
+  ++handshakes;
+  const auto greeting = co_await handshake(*connection);
+  --handshakes;
+  const auto& peer = greeting.peer;
+  const Session session{session_id, peer.has_value(), greeting.version >= batch_protocol_version};
+  AnswerQueue answers(*connection, config.io_timeout);
+  const auto in_flight = std::max<std::size_t>(config.max_requests_in_flight, 1);
+  for (std::uint64_t served = 1; greeting.ok && connection->is_open() && !answers.failed(); ++served) {
+    // Frames already buffered are read without suspending: give the other
+    // connections their turn now and then, so that one client streaming
+    // requests cannot hold the owner.
+    if (served % 8 == 0) co_await asio::post(executor, asio::use_awaitable);
+    co_await answers.until_below(in_flight);
+    if (!connection->is_open()) break;
+    auto frame = co_await connection->read(config.idle_timeout, config.io_timeout);
+    if (!frame) {
+      if (frame.error().is(errc::protocol)) ++stats.refused_requests;
+      break;
+    }
+    answers.begin();
+    if (!co_await take(session, answers, std::move(frame).value())) break;
+  }
+  // Every request taken is answered (or its answer dropped with the
+  // connection) before the session's leases and peer go.
+  co_await answers.until_below(1);
+  connection->close();
+  connections.erase(connection);
+  drop_leases_of(session_id);
+  if (peer && registry) {
+    (void)co_await registry->backend()->async_peer_close(*peer, asio::use_awaitable);
+  }
+}
+
+void Owner::State::refuse(asio::ip::tcp::socket& socket) {
+  ++stats.refused_connections;
+  const auto bytes = encode_frame(Frame{0, error_reply(Error{errc::budget_exceeded, "too many connections"})});
+  boost::system::error_code ignored;
+  socket.non_blocking(true, ignored);
+  socket.write_some(asio::buffer(bytes), ignored);
+  socket.close(ignored);
+}
+
+}  // namespace corma

@@ -1,0 +1,336 @@
+// The state of an Owner, shared by the files that implement it:
+// owner_leases.cpp (objects, leases, batches), owner_exports.cpp
+// (registrations, the export cache, windows), owner_session.cpp (one
+// connection: its hello, its requests worked on concurrently) and owner.cpp
+// (the public operations).
+#pragma once
+
+#include "answer_queue.hpp"
+#include "framed_connection.hpp"
+#include "messages.hpp"
+
+#include <corma/owner.hpp>
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <list>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+namespace corma {
+
+namespace rendezvous {
+
+using clock_type = std::chrono::steady_clock;
+
+/// One registration of an object, shared by every lease that reads it (and
+/// by the export cache, for published objects).
+struct Export {
+  Export(RegionGuard g, std::vector<std::byte> d, std::shared_ptr<const void> k)
+      : guard(std::move(g)), descriptor(std::move(d)), keepalive(std::move(k)) {}
+  Export(const Export&) = delete;
+  Export& operator=(const Export&) = delete;
+  ~Export() {
+    // The bytes must outlive their registration: they are let go once the
+    // deregistration that dropping the guard starts is confirmed.
+    if (keepalive && !guard.deregistered().is_set()) {
+      guard.deregistered().async_wait([keep = std::move(keepalive)](Result<void>) {});
+    }
+  }
+
+  RegionGuard guard;
+  std::vector<std::byte> descriptor;
+  std::shared_ptr<const void> keepalive;
+};
+
+struct Lease {
+  std::uint64_t session = 0;
+  std::string name;
+  PublishedObject object;
+  /// For published objects: the publication this lease reads. A release after
+  /// the name was published again answers `object_changed`.
+  std::optional<std::uint64_t> publication;
+  std::shared_ptr<Export> exported;  // empty for chunked leases; the current window for windowed ones
+  clock_type::time_point deadline;
+  /// Lent in windows (protocol version 2): `exported` registers
+  /// [window_end - its length, window_end) of the object.
+  bool windowed = false;
+  std::uint64_t window_end = 0;
+  /// A next_window is registering this lease's next window now.
+  bool moving = false;
+};
+
+/// An error as the owner answers it (its detail cut to what a frame carries).
+inline ErrorReply error_reply(const Error& error) {
+  return ErrorReply{static_cast<std::uint16_t>(error.code.value()), error.detail.substr(0, max_detail_length)};
+}
+
+/// The chunked reason an export's failure gives.
+inline ChunkedReason reason_for(const Error& error) {
+  if (error.is(errc::budget_exceeded)) return ChunkedReason::budget;
+  if (error.is(errc::not_configured)) return ChunkedReason::not_configured;
+  if (error.is(errc::shutting_down)) return ChunkedReason::draining;
+  return ChunkedReason::registration_failed;
+}
+
+}  // namespace rendezvous
+
+struct Owner::State : std::enable_shared_from_this<State> {
+  // The protocol's pieces, by their short names.
+  using Acquire = rendezvous::Acquire;
+  using AcquireMany = rendezvous::AcquireMany;
+  using AnswerQueue = rendezvous::AnswerQueue;
+  using ErrorReply = rendezvous::ErrorReply;
+  using Export = rendezvous::Export;
+  using Frame = rendezvous::Frame;
+  using FramedConnection = rendezvous::FramedConnection;
+  using Grant = rendezvous::Grant;
+  using Lease = rendezvous::Lease;
+  using Message = rendezvous::Message;
+  using NextWindow = rendezvous::NextWindow;
+  using Pull = rendezvous::Pull;
+  using Release = rendezvous::Release;
+  using ReleaseMany = rendezvous::ReleaseMany;
+  using Renew = rendezvous::Renew;
+  template <class T>
+  using Awaitable = boost::asio::awaitable<T>;
+
+  boost::asio::any_io_executor executor;
+  std::shared_ptr<Registry> registry;
+  OwnerConfig config;
+
+  std::map<std::string, PublishedObject, std::less<>> published;
+  /// How many times each name was published: a lease remembers the count
+  /// it read, so its release can tell whether the object changed meanwhile.
+  std::map<std::string, std::uint64_t, std::less<>> publications;
+  ObjectResolver resolver;
+  std::map<std::uint64_t, Lease> leases;
+  /// The leases of each connection, so that counting and dropping them
+  /// never scans every lease.
+  std::unordered_map<std::uint64_t, std::unordered_set<std::uint64_t>> session_leases;
+  std::size_t handshakes = 0;       // connections that have not finished their hello
+  std::size_t windowed_leases = 0;  // leases lent in windows now: they share the budget
+  /// Exports whose leases stop() dropped, kept (registered, bytes alive)
+  /// until the Owner goes: see Owner::stop().
+  std::vector<std::shared_ptr<Export>> retired;
+  std::map<std::string, std::weak_ptr<Export>, std::less<>> exports;
+  /// Published objects kept registered between leases (config.cache_exports),
+  /// least recently used first, and where each name is in that list.
+  using CachedExports = std::list<std::pair<std::string, std::shared_ptr<Export>>>;
+  CachedExports cached_exports;
+  std::unordered_map<std::string, CachedExports::iterator> cached_by_name;
+  /// Registrations of objects under way, by name: an acquire of an object
+  /// being registered waits for that registration instead of making its own
+  /// (the timer never expires; it is cancelled when the registration ends).
+  std::map<std::string, std::shared_ptr<boost::asio::steady_timer>, std::less<>> exporting;
+  /// Acquires under way, per connection and in all: a connection's requests
+  /// are worked on concurrently, and these count against the lease caps
+  /// until they end.
+  std::unordered_map<std::uint64_t, std::size_t> acquiring;
+  std::size_t acquiring_total = 0;
+  std::set<std::shared_ptr<FramedConnection>> connections;
+  std::uint64_t next_lease = 1;
+  std::uint64_t next_session = 1;
+  bool draining = false;
+  OwnerStats stats;
+  boost::asio::steady_timer reaper;
+
+  State(boost::asio::any_io_executor ex, std::shared_ptr<Registry> r, OwnerConfig c)
+      : executor(ex), registry(std::move(r)), config(c), reaper(ex) {}
+
+  // ---- objects, leases, batches (owner_leases.cpp) ----
+
+  Result<PublishedObject> find(std::string_view name);
+
+  /// Leases `session` holds, and acquires it has under way.
+  std::size_t leases_of(std::uint64_t session) const;
+
+  /// An acquire under way, counted against the lease caps while it lasts.
+  struct AcquireUnderWay {
+    State& state;
+    std::uint64_t session;
+    AcquireUnderWay(State& s, std::uint64_t id) : state(s), session(id) {
+      ++state.acquiring[session];
+      ++state.acquiring_total;
+    }
+    AcquireUnderWay(const AcquireUnderWay&) = delete;
+    AcquireUnderWay& operator=(const AcquireUnderWay&) = delete;
+    ~AcquireUnderWay() {
+      if (--state.acquiring[session] == 0) state.acquiring.erase(session);
+      --state.acquiring_total;
+    }
+  };
+
+  void add_lease(std::uint64_t id, Lease lease);
+
+  std::map<std::uint64_t, Lease>::iterator erase_lease(std::map<std::uint64_t, Lease>::iterator it);
+
+  /// Whether `lease` reads an object that was published again since.
+  bool republished_since(const Lease& lease) const;
+
+  Lease* lease_of(std::uint64_t session, std::uint64_t id);
+
+  void refresh(Lease& lease) { lease.deadline = rendezvous::clock_type::now() + config.lease_timeout; }
+
+  /// `windows`: the consumer speaks version 2, so an object whose
+  /// registration does not fit the budget may be lent in windows.
+  Awaitable<Grant> acquire(std::uint64_t session, bool rdma_peer, bool windows, Acquire request);
+
+  /// The slice a pull asks for, checked against its lease, with the
+  /// object's keepalive: it is written straight from there, and must outlive
+  /// the write even if the lease goes meanwhile.
+  Result<PublishedObject> pull(std::uint64_t session, const Pull& request);
+
+  Message renew(std::uint64_t session, const Renew& request);
+
+  /// Ends the lease. A consumer reports success only after this answer: it
+  /// is `object_changed` when the object was published again while the
+  /// lease read it, so the consumer never reports a possible mix.
+  Message release(std::uint64_t session, const Release& request);
+
+  void drop_leases_of(std::uint64_t session);
+
+  /// The batch limit told to consumers: within what one answer frame holds,
+  /// and half the lease cap, so a consumer may have two batches leased at
+  /// once (one being read while the next is granted).
+  std::uint16_t announced_batch() const;
+
+  /// Counts a batch request of `size` elements, or refuses it when it is
+  /// over the limit announced in the hello.
+  std::optional<ErrorReply> admit_batch(std::size_t size);
+
+  /// Acquires every name of a batch, each answered as a single acquire
+  /// would be. A batch over the limit announced in the hello is refused
+  /// whole, before any name is looked at.
+  Awaitable<Message> acquire_many(std::uint64_t session, bool rdma_peer, AcquireMany request);
+
+  /// Ends every lease of a batch, each answered as a single release would
+  /// be; a lease this connection does not hold is named, and left alone.
+  Message release_many(std::uint64_t session, const ReleaseMany& request);
+
+  Awaitable<void> reap();
+
+  // ---- registrations, the export cache, windows (owner_exports.cpp) ----
+
+  std::shared_ptr<Export> cached_export(const std::string& name);
+
+  void cache_export(const std::string& name, std::shared_ptr<Export> exported);
+
+  void forget_cached_export(const std::string& name);
+
+  void forget_cached_exports();
+
+  /// Deregisters cached exports that no lease is reading; true if any went.
+  /// Awaited, so their bytes are back in the budget when this returns.
+  Awaitable<bool> evict_idle_exports();
+
+  std::uint64_t publication_of(std::string_view name) const;
+
+  /// Whether `exported` registers exactly `object`'s bytes (a name may
+  /// have been published again, or its file changed, since).
+  static bool covers(const Export& exported, const PublishedObject& object);
+
+  /// A registration of `name` under way; its waiters are woken however it ends.
+  struct ExportUnderWay {
+    State& state;
+    std::string name;
+    std::shared_ptr<boost::asio::steady_timer> done;
+    ExportUnderWay(State& s, std::string n)
+        : state(s),
+          name(std::move(n)),
+          done(std::make_shared<boost::asio::steady_timer>(s.executor, boost::asio::steady_timer::time_point::max())) {
+      state.exporting.emplace(name, done);
+    }
+    ExportUnderWay(const ExportUnderWay&) = delete;
+    ExportUnderWay& operator=(const ExportUnderWay&) = delete;
+    ~ExportUnderWay() {
+      state.exporting.erase(name);
+      done->cancel();
+    }
+  };
+
+  /// The registration of `object` that leases of `name` read: the cached
+  /// or live one, or a new one (one at a time per name).
+  Awaitable<Result<std::shared_ptr<Export>>> export_object(const std::string& name, const PublishedObject& object,
+                                                           bool cacheable);
+
+  Awaitable<Result<std::shared_ptr<Export>>> register_export(const std::string& name, const PublishedObject& object,
+                                                             bool cacheable);
+
+  /// The length of a window starting at `start`, for one of `sharers`
+  /// leases lent in windows now: the budget split in `sharers + 1` shares
+  /// (one kept free, so a newcomer finds room and the shares shrink as
+  /// each lease moves on), within what is left, [min_window, max_window],
+  /// and never past the object's end. The budget charges whole pages, so a
+  /// window is a whole number of pages, less one when it starts off a page
+  /// boundary.
+  std::uint64_t window_length(const std::byte* start, std::uint64_t remaining, std::size_t sharers) const;
+
+  /// Registers the window of `object` starting at `offset` (read-only, for
+  /// this lease alone): as long as window_length() says, shorter when that
+  /// does not fit (idle cached exports are given up first), down to
+  /// min_window. `budget_exceeded` when not even that fits.
+  Awaitable<Result<std::shared_ptr<Export>>> export_window(const PublishedObject& object, std::uint64_t offset,
+                                                           std::size_t sharers);
+
+  /// Moves a windowed lease's window forward to start where the current one
+  /// ends: the current window is deregistered first (its bytes back in the
+  /// budget), then the next registered. Asked out of order, past the end,
+  /// or on a lease not lent in windows, it is refused and the lease kept.
+  Awaitable<Message> next_window(std::uint64_t session, NextWindow request);
+
+  // ---- one connection (owner_session.cpp) ----
+
+  /// What a finished hello leaves a session with.
+  struct Greeting {
+    bool ok = false;             ///< hello_ok was sent: serve the connection
+    std::optional<PeerId> peer;  ///< the consumer's RDMA peer, when its offer was taken
+    std::uint16_t version = 0;   ///< the protocol version both sides speak
+  };
+
+  Awaitable<Greeting> handshake(FramedConnection& connection);
+
+  /// What a connection's requests need to know of it.
+  struct Session {
+    std::uint64_t id = 0;
+    bool rdma_peer = false;  ///< the consumer's RDMA offer was taken
+    bool version2 = false;   ///< batches and windows
+  };
+
+  /// Whether answering `message` may wait for registrations (acquires and
+  /// windows): those are worked on concurrently with the connection's other
+  /// requests.
+  static bool registers(const Session& session, const Message& message);
+
+  Awaitable<Message> registering_answer(const Session& session, Message message);
+
+  /// Answers a registering request in the background, `self` keeping the
+  /// state alive. `answers` outlives it: the connection waits for every
+  /// request it took.
+  Awaitable<void> answer_concurrently([[maybe_unused]] std::shared_ptr<State> self, Session session,
+                                      AnswerQueue& answers, Frame frame);
+
+  /// Takes one request (already begun in `answers`): what needs no waiting
+  /// is answered now, in order; the rest runs concurrently. False when the
+  /// connection ends after this answer (a consumer sent an owner message).
+  Awaitable<bool> take(const Session& session, AnswerQueue& answers, Frame frame);
+
+  Awaitable<void> session(boost::asio::ip::tcp::socket socket);
+
+  /// Turns a connection away with one `budget_exceeded` frame, written
+  /// without waiting (a fresh socket's send buffer takes it whole), and closes it.
+  void refuse(boost::asio::ip::tcp::socket& socket);
+};
+
+}  // namespace corma
