@@ -80,9 +80,29 @@ Result<void> check_name(std::string_view name) {
 }
 
 Consumer::State::State(asio::any_io_executor ex, std::shared_ptr<Registry> r, ConsumerConfig c)
-    : executor(ex), registry(std::move(r)), config(std::move(c)), turn(ex, 1) {
+    : executor(ex), registry(std::move(r)), config(std::move(c)), turn(ex, 1), turn_wanted_signal(ex),
+      owner_lost_signal(ex, asio::steady_timer::time_point::max()) {
   turn.try_send(boost::system::error_code{});
 }
+
+// ---- the connection's turn ------------------------------------------------------
+
+asio::awaitable<Result<void>> Consumer::State::take_turn(bool cancellable) {
+  ++turn_wanted;
+  turn_wanted_signal.cancel();  // a holder whose transfer runs hands the turn over
+  boost::system::error_code ec;
+  if (cancellable) {
+    std::tie(ec) = co_await turn.async_receive(as_result);
+  } else {
+    std::tie(ec) = co_await turn.async_receive(asio::as_tuple(
+        asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable)));
+  }
+  --turn_wanted;
+  if (ec) co_return fail(errc::cancelled, "fetch cancelled while it waited for the connection");
+  co_return success();
+}
+
+void Consumer::State::give_turn() { turn.try_send(boost::system::error_code{}); }
 
 // ---- requests -------------------------------------------------------------------
 
@@ -220,6 +240,7 @@ asio::awaitable<Result<void>> Consumer::State::release(std::uint64_t lease) {
 asio::awaitable<Error> Consumer::State::give_up_owner(const Error& why, asio::cancellation_signal& cancel) {
   owner_lost = Error{errc::peer_unreachable, "lost the owner during the transfer: " + why.message()};
   cancel.emit(asio::cancellation_type::terminal);
+  owner_lost_signal.cancel();  // the other transfers on this connection stop too
   if (peer) {
     const auto gone = *std::exchange(peer, std::nullopt);
     imported_keys.clear();  // gone with the peer
@@ -266,6 +287,7 @@ asio::awaitable<std::optional<Error>> Consumer::State::supervise_transfer(std::s
   });
   std::optional<Error> stopped;  // why the transfer was cancelled
   bool keep_deadline = false;      // the timer already runs towards the next renewal
+  bool holding = true;             // this fetch holds the connection's turn
   while (!answered) {
     if (stopped) {
       // Only the transfer's answer is awaited now (it wakes this).
@@ -273,16 +295,51 @@ asio::awaitable<std::optional<Error>> Consumer::State::supervise_transfer(std::s
       co_await wake.async_wait(as_result);
       continue;
     }
+    if (holding && turn_wanted > 0 && unanswered.empty()) {
+      give_turn();  // another fetch talks while this transfer runs
+      holding = false;
+    }
+    if (!holding) {
+      // The other fetch reads the connection now: only the next renewal,
+      // the transfer's answer or the owner's loss wakes this one.
+      if (!keep_deadline) wake.expires_after(interval);
+      keep_deadline = false;
+      if (!owner_lost) (void)co_await (wake.async_wait(as_result) || owner_lost_signal.async_wait(as_result));
+      if (answered) continue;
+      if (owner_lost) {
+        stopped = *owner_lost;
+        cancel.emit(asio::cancellation_type::terminal);
+        continue;
+      }
+      if (co_await cancelled_here()) {
+        stopped = fetch_cancelled("during the rdma get");
+        cancel.emit(asio::cancellation_type::terminal);
+        continue;
+      }
+      (void)co_await take_turn(false);
+      holding = true;
+      if (answered) continue;
+      auto renewed = co_await renew(leases);
+      if (!renewed) stopped = co_await give_up_owner(renewed.error(), cancel);
+      continue;
+    }
     // The connection is watched between renewals too. The owner sends
     // nothing unasked, so a readable connection means a pipelined request
     // was answered (parked for its reader), or else the connection ended (a
     // dead owner's kernel closes it at once) or the owner refused
-    // something: the renewal then goes out at once, and reading its answer tells.
+    // something: the renewal then goes out at once, and reading its answer
+    // tells. A fetch that starts waiting for the turn wakes this too.
     if (!keep_deadline) wake.expires_after(interval);
+    turn_wanted_signal.expires_at(asio::steady_timer::time_point::max());
     auto woke = co_await (wake.async_wait(as_result) ||
-                          connection->socket().async_wait(asio::socket_base::wait_read, as_result));
+                          connection->socket().async_wait(asio::socket_base::wait_read, as_result) ||
+                          turn_wanted_signal.async_wait(as_result));
     keep_deadline = false;
     if (answered) continue;
+    if (woke.index() == 2) {
+      keep_deadline = true;  // the turn is handed over at the top
+      continue;
+    }
     const bool readable = woke.index() == 1 && !std::get<0>(std::get<1>(woke));
     if (readable && !unanswered.empty() && !co_await cancelled_here() && co_await park_next()) {
       keep_deadline = true;
@@ -296,6 +353,8 @@ asio::awaitable<std::optional<Error>> Consumer::State::supervise_transfer(std::s
     auto renewed = co_await renew(leases);
     if (!renewed) stopped = co_await give_up_owner(renewed.error(), cancel);
   }
+  // The caller talks on (to release its lease): the turn is taken back.
+  if (!holding) (void)co_await take_turn(false);
   co_return stopped;
 }
 
