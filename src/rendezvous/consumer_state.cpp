@@ -80,7 +80,7 @@ Result<void> check_name(std::string_view name) {
 }
 
 Consumer::State::State(asio::any_io_executor ex, std::shared_ptr<Registry> r, ConsumerConfig c)
-    : executor(ex), registry(std::move(r)), config(std::move(c)), turn(ex, 1), turn_wanted_signal(ex),
+    : executor(ex), registry(std::move(r)), config(std::move(c)), turn(ex, 1),
       owner_lost_signal(ex, asio::steady_timer::time_point::max()) {
   turn.try_send(boost::system::error_code{});
 }
@@ -89,7 +89,7 @@ Consumer::State::State(asio::any_io_executor ex, std::shared_ptr<Registry> r, Co
 
 asio::awaitable<Result<void>> Consumer::State::take_turn(bool cancellable) {
   ++turn_wanted;
-  turn_wanted_signal.cancel();  // a holder whose transfer runs hands the turn over
+  if (holder_wake != nullptr) holder_wake->cancel();  // a holder whose transfer runs hands the turn over
   boost::system::error_code ec;
   if (cancellable) {
     std::tie(ec) = co_await turn.async_receive(as_result);
@@ -286,8 +286,23 @@ asio::awaitable<std::optional<Error>> Consumer::State::supervise_transfer(std::s
     wake.cancel();
   });
   std::optional<Error> stopped;  // why the transfer was cancelled
-  bool keep_deadline = false;      // the timer already runs towards the next renewal
   bool holding = true;             // this fetch holds the connection's turn
+  // `wake` is named as the holder's only while this waits; never after it is gone.
+  struct ForgetWake {
+    asio::steady_timer*& holder;
+    ~ForgetWake() { holder = nullptr; }
+  } forget_wake{holder_wake};
+  auto renewal_due = asio::steady_timer::clock_type::now() + interval;
+  // Renews the leases (holding the turn); a failure gives the owner up.
+  const auto renew_now = [&]() -> asio::awaitable<void> {
+    auto renewed = co_await renew(leases);
+    if (!renewed) stopped = co_await give_up_owner(renewed.error(), cancel);
+    renewal_due = asio::steady_timer::clock_type::now() + interval;
+  };
+  const auto stop_cancelled = [&] {
+    stopped = fetch_cancelled("during the rdma get");
+    cancel.emit(asio::cancellation_type::terminal);
+  };
   while (!answered) {
     if (stopped) {
       // Only the transfer's answer is awaited now (it wakes this).
@@ -299,28 +314,22 @@ asio::awaitable<std::optional<Error>> Consumer::State::supervise_transfer(std::s
       give_turn();  // another fetch talks while this transfer runs
       holding = false;
     }
+    wake.expires_at(renewal_due);
     if (!holding) {
       // The other fetch reads the connection now: only the next renewal,
       // the transfer's answer or the owner's loss wakes this one.
-      if (!keep_deadline) wake.expires_after(interval);
-      keep_deadline = false;
       if (!owner_lost) (void)co_await (wake.async_wait(as_result) || owner_lost_signal.async_wait(as_result));
       if (answered) continue;
       if (owner_lost) {
         stopped = *owner_lost;
         cancel.emit(asio::cancellation_type::terminal);
-        continue;
+      } else if (co_await cancelled_here()) {
+        stop_cancelled();
+      } else if (asio::steady_timer::clock_type::now() >= renewal_due) {
+        (void)co_await take_turn(false);
+        holding = true;
+        if (!answered) co_await renew_now();
       }
-      if (co_await cancelled_here()) {
-        stopped = fetch_cancelled("during the rdma get");
-        cancel.emit(asio::cancellation_type::terminal);
-        continue;
-      }
-      (void)co_await take_turn(false);
-      holding = true;
-      if (answered) continue;
-      auto renewed = co_await renew(leases);
-      if (!renewed) stopped = co_await give_up_owner(renewed.error(), cancel);
       continue;
     }
     // The connection is watched between renewals too. The owner sends
@@ -328,30 +337,21 @@ asio::awaitable<std::optional<Error>> Consumer::State::supervise_transfer(std::s
     // was answered (parked for its reader), or else the connection ended (a
     // dead owner's kernel closes it at once) or the owner refused
     // something: the renewal then goes out at once, and reading its answer
-    // tells. A fetch that starts waiting for the turn wakes this too.
-    if (!keep_deadline) wake.expires_after(interval);
-    turn_wanted_signal.expires_at(asio::steady_timer::time_point::max());
+    // tells. A fetch that starts waiting for the turn cancels `wake`.
+    holder_wake = &wake;
     auto woke = co_await (wake.async_wait(as_result) ||
-                          connection->socket().async_wait(asio::socket_base::wait_read, as_result) ||
-                          turn_wanted_signal.async_wait(as_result));
-    keep_deadline = false;
+                          connection->socket().async_wait(asio::socket_base::wait_read, as_result));
+    holder_wake = nullptr;
     if (answered) continue;
-    if (woke.index() == 2) {
-      keep_deadline = true;  // the turn is handed over at the top
+    if (co_await cancelled_here()) {
+      stop_cancelled();
       continue;
     }
     const bool readable = woke.index() == 1 && !std::get<0>(std::get<1>(woke));
-    if (readable && !unanswered.empty() && !co_await cancelled_here() && co_await park_next()) {
-      keep_deadline = true;
-      continue;
-    }
-    if (co_await cancelled_here()) {
-      stopped = fetch_cancelled("during the rdma get");
-      cancel.emit(asio::cancellation_type::terminal);
-      continue;
-    }
-    auto renewed = co_await renew(leases);
-    if (!renewed) stopped = co_await give_up_owner(renewed.error(), cancel);
+    if (readable && !unanswered.empty() && co_await park_next()) continue;
+    // Woken early by a fetch that wants the turn: it is handed over at the top.
+    if (woke.index() == 0 && turn_wanted > 0 && asio::steady_timer::clock_type::now() < renewal_due) continue;
+    co_await renew_now();
   }
   // The caller talks on (to release its lease): the turn is taken back.
   if (!holding) (void)co_await take_turn(false);

@@ -67,12 +67,12 @@ struct Consumer::State {
   std::optional<Error> owner_lost;
   // One token: whoever holds it talks on the connection.
   boost::asio::experimental::channel<void(boost::system::error_code)> turn;
-  /// Fetches waiting for the turn, and a timer cancelled whenever one starts
-  /// to: a fetch whose RDMA transfer runs, with none of its requests on the
-  /// wire, hands the turn over meanwhile (so one connection carries several
-  /// fetches' transfers at once).
+  /// Fetches waiting for the turn, and the timer of the turn's holder while
+  /// its RDMA transfer runs, cancelled whenever a fetch starts to wait: the
+  /// holder then hands the turn over, once none of its requests is on the
+  /// wire (so one connection carries several fetches' transfers at once).
   std::size_t turn_wanted = 0;
-  boost::asio::steady_timer turn_wanted_signal;
+  boost::asio::steady_timer* holder_wake = nullptr;
   /// Never expires; cancelled when the owner is given up, waking the fetches
   /// whose transfers run without the turn.
   boost::asio::steady_timer owner_lost_signal;
