@@ -106,10 +106,8 @@ struct ConsumerStats {
 };
 
 /// One control connection to an owner. Fetches may be started concurrently
-/// from several coroutines; they take turns on the connection, and a fetch
-/// whose RDMA transfer runs hands its turn on meanwhile, so their transfers
-/// run at once (async_fetch_many does better still for many small objects:
-/// one round trip and one backend batch per batch of objects).
+/// from several coroutines; they take turns on the connection (an RDMA
+/// transfer holds its turn, so use several consumers for parallel transfers).
 /// Runs on one executor, like Owner.
 ///
 /// Its operations are Asio initiating functions: any completion token

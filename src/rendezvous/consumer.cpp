@@ -52,14 +52,20 @@ Consumer::~Consumer() {
 
 namespace {
 
-/// Hands the connection's turn to the next fetch, however this one ends. (A
-/// fetch cancelled while it waited for the turn never held it, and must not
-/// give one back: two fetches would then talk on one connection at once.)
+/// Hands the connection's turn to the next fetch, however this one ends.
 struct GiveBack {
   Consumer::State& s;
   ~GiveBack();
 };
 
+/// Waits for the connection's turn. A fetch cancelled while it waits never
+/// held the turn and must not give one back: that would mint a second turn,
+/// and two fetches would then talk on one connection at once.
+asio::awaitable<Result<void>> take_turn(Consumer::State& state) {
+  auto [ec] = co_await state.turn.async_receive(as_result);
+  if (ec) co_return fail(errc::cancelled, "fetch cancelled while it waited for the connection");
+  co_return success();
+}
 
 /// Fresh memory for one fetch, allocated into `holder` when the fetch needs
 /// it; a transfer that outlives the fetch takes it over until its
@@ -76,7 +82,7 @@ Consumer::State::Destination fresh_buffer_in(OwnedBuffer& holder, ChunkSink sink
 }
 
 asio::awaitable<Result<Fetched>> fetch_new(std::shared_ptr<Consumer::State> state, std::string name) {
-  CORMA_CO_TRY(co_await state->take_turn(true));
+  CORMA_CO_TRY(co_await take_turn(*state));
   GiveBack give_back{*state};
   Fetched fetched;
   CORMA_CO_TRY(auto outcome, co_await state->fetch(std::move(name), fresh_buffer_in(fetched.data)));
@@ -109,7 +115,7 @@ Consumer::State::Destination landing_in(std::shared_ptr<const void>& held, Strea
 
 asio::awaitable<Result<FetchOutcome>> fetch_to(std::shared_ptr<Consumer::State> state, std::string name,
                                                StreamDestination destination) {
-  CORMA_CO_TRY(co_await state->take_turn(true));
+  CORMA_CO_TRY(co_await take_turn(*state));
   GiveBack give_back{*state};
   // Used only when the owner grants RDMA: the caller's landing memory, or
   // fresh memory handed to the sink.
@@ -123,7 +129,7 @@ asio::awaitable<Result<FetchOutcome>> fetch_to(std::shared_ptr<Consumer::State> 
 
 asio::awaitable<Result<FetchOutcome>> fetch_into(std::shared_ptr<Consumer::State> state, std::string name,
                                                  RegionGuard& destination) {
-  CORMA_CO_TRY(co_await state->take_turn(true));
+  CORMA_CO_TRY(co_await take_turn(*state));
   GiveBack give_back{*state};
   const auto registered = registered_destination(destination, 0, destination.size());
   co_return co_await state->fetch(std::move(name), registered);
@@ -135,12 +141,12 @@ asio::awaitable<Result<ManyFetched>> fetch_many(std::shared_ptr<Consumer::State>
     co_return fail(errc::out_of_range, std::to_string(names.size()) + " names for " + std::to_string(slots.size()) +
                                            " destinations");
   }
-  CORMA_CO_TRY(co_await state->take_turn(true));
+  CORMA_CO_TRY(co_await take_turn(*state));
   GiveBack give_back{*state};
   co_return co_await state->fetch_many(std::move(names), std::move(slots));
 }
 
-GiveBack::~GiveBack() { s.give_turn(); }
+GiveBack::~GiveBack() { s.turn.try_send(boost::system::error_code{}); }
 
 }  // namespace
 

@@ -80,29 +80,9 @@ Result<void> check_name(std::string_view name) {
 }
 
 Consumer::State::State(asio::any_io_executor ex, std::shared_ptr<Registry> r, ConsumerConfig c)
-    : executor(ex), registry(std::move(r)), config(std::move(c)), turn(ex, 1),
-      owner_lost_signal(ex, asio::steady_timer::time_point::max()) {
+    : executor(ex), registry(std::move(r)), config(std::move(c)), turn(ex, 1) {
   turn.try_send(boost::system::error_code{});
 }
-
-// ---- the connection's turn ------------------------------------------------------
-
-asio::awaitable<Result<void>> Consumer::State::take_turn(bool cancellable) {
-  ++turn_wanted;
-  if (holder_wake != nullptr) holder_wake->cancel();  // a holder whose transfer runs hands the turn over
-  boost::system::error_code ec;
-  if (cancellable) {
-    std::tie(ec) = co_await turn.async_receive(as_result);
-  } else {
-    std::tie(ec) = co_await turn.async_receive(asio::as_tuple(
-        asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable)));
-  }
-  --turn_wanted;
-  if (ec) co_return fail(errc::cancelled, "fetch cancelled while it waited for the connection");
-  co_return success();
-}
-
-void Consumer::State::give_turn() { turn.try_send(boost::system::error_code{}); }
 
 // ---- requests -------------------------------------------------------------------
 
@@ -240,7 +220,6 @@ asio::awaitable<Result<void>> Consumer::State::release(std::uint64_t lease) {
 asio::awaitable<Error> Consumer::State::give_up_owner(const Error& why, asio::cancellation_signal& cancel) {
   owner_lost = Error{errc::peer_unreachable, "lost the owner during the transfer: " + why.message()};
   cancel.emit(asio::cancellation_type::terminal);
-  owner_lost_signal.cancel();  // the other transfers on this connection stop too
   if (peer) {
     const auto gone = *std::exchange(peer, std::nullopt);
     imported_keys.clear();  // gone with the peer
@@ -286,23 +265,7 @@ asio::awaitable<std::optional<Error>> Consumer::State::supervise_transfer(std::s
     wake.cancel();
   });
   std::optional<Error> stopped;  // why the transfer was cancelled
-  bool holding = true;             // this fetch holds the connection's turn
-  // `wake` is named as the holder's only while this waits; never after it is gone.
-  struct ForgetWake {
-    asio::steady_timer*& holder;
-    ~ForgetWake() { holder = nullptr; }
-  } forget_wake{holder_wake};
-  auto renewal_due = asio::steady_timer::clock_type::now() + interval;
-  // Renews the leases (holding the turn); a failure gives the owner up.
-  const auto renew_now = [&]() -> asio::awaitable<void> {
-    auto renewed = co_await renew(leases);
-    if (!renewed) stopped = co_await give_up_owner(renewed.error(), cancel);
-    renewal_due = asio::steady_timer::clock_type::now() + interval;
-  };
-  const auto stop_cancelled = [&] {
-    stopped = fetch_cancelled("during the rdma get");
-    cancel.emit(asio::cancellation_type::terminal);
-  };
+  bool keep_deadline = false;      // the timer already runs towards the next renewal
   while (!answered) {
     if (stopped) {
       // Only the transfer's answer is awaited now (it wakes this).
@@ -310,51 +273,29 @@ asio::awaitable<std::optional<Error>> Consumer::State::supervise_transfer(std::s
       co_await wake.async_wait(as_result);
       continue;
     }
-    if (holding && turn_wanted > 0 && unanswered.empty()) {
-      give_turn();  // another fetch talks while this transfer runs
-      holding = false;
-    }
-    wake.expires_at(renewal_due);
-    if (!holding) {
-      // The other fetch reads the connection now: only the next renewal,
-      // the transfer's answer or the owner's loss wakes this one.
-      if (!owner_lost) (void)co_await (wake.async_wait(as_result) || owner_lost_signal.async_wait(as_result));
-      if (answered) continue;
-      if (owner_lost) {
-        stopped = *owner_lost;
-        cancel.emit(asio::cancellation_type::terminal);
-      } else if (co_await cancelled_here()) {
-        stop_cancelled();
-      } else if (asio::steady_timer::clock_type::now() >= renewal_due) {
-        (void)co_await take_turn(false);
-        holding = true;
-        if (!answered) co_await renew_now();
-      }
-      continue;
-    }
     // The connection is watched between renewals too. The owner sends
     // nothing unasked, so a readable connection means a pipelined request
     // was answered (parked for its reader), or else the connection ended (a
     // dead owner's kernel closes it at once) or the owner refused
-    // something: the renewal then goes out at once, and reading its answer
-    // tells. A fetch that starts waiting for the turn cancels `wake`.
-    holder_wake = &wake;
+    // something: the renewal then goes out at once, and reading its answer tells.
+    if (!keep_deadline) wake.expires_after(interval);
     auto woke = co_await (wake.async_wait(as_result) ||
                           connection->socket().async_wait(asio::socket_base::wait_read, as_result));
-    holder_wake = nullptr;
+    keep_deadline = false;
     if (answered) continue;
-    if (co_await cancelled_here()) {
-      stop_cancelled();
+    const bool readable = woke.index() == 1 && !std::get<0>(std::get<1>(woke));
+    if (readable && !unanswered.empty() && !co_await cancelled_here() && co_await park_next()) {
+      keep_deadline = true;
       continue;
     }
-    const bool readable = woke.index() == 1 && !std::get<0>(std::get<1>(woke));
-    if (readable && !unanswered.empty() && co_await park_next()) continue;
-    // Woken early by a fetch that wants the turn: it is handed over at the top.
-    if (woke.index() == 0 && turn_wanted > 0 && asio::steady_timer::clock_type::now() < renewal_due) continue;
-    co_await renew_now();
+    if (co_await cancelled_here()) {
+      stopped = fetch_cancelled("during the rdma get");
+      cancel.emit(asio::cancellation_type::terminal);
+      continue;
+    }
+    auto renewed = co_await renew(leases);
+    if (!renewed) stopped = co_await give_up_owner(renewed.error(), cancel);
   }
-  // The caller talks on (to release its lease): the turn is taken back.
-  if (!holding) (void)co_await take_turn(false);
   co_return stopped;
 }
 

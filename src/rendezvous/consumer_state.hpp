@@ -67,27 +67,9 @@ struct Consumer::State {
   std::optional<Error> owner_lost;
   // One token: whoever holds it talks on the connection.
   boost::asio::experimental::channel<void(boost::system::error_code)> turn;
-  /// Fetches waiting for the turn, and the timer of the turn's holder while
-  /// its RDMA transfer runs, cancelled whenever a fetch starts to wait: the
-  /// holder then hands the turn over, once none of its requests is on the
-  /// wire (so one connection carries several fetches' transfers at once).
-  std::size_t turn_wanted = 0;
-  boost::asio::steady_timer* holder_wake = nullptr;
-  /// Never expires; cancelled when the owner is given up, waking the fetches
-  /// whose transfers run without the turn.
-  boost::asio::steady_timer owner_lost_signal;
   ConsumerStats stats;
 
   State(boost::asio::any_io_executor ex, std::shared_ptr<Registry> r, ConsumerConfig c);
-
-  // ---- the connection's turn --------------------------------------------------
-
-  /// Waits for the turn. `cancellable`: a fetch cancelled while it waits
-  /// never held the turn, and is answered `cancelled`. Otherwise (a fetch
-  /// that must still talk, to release its lease) it waits to its end.
-  Awaitable<Result<void>> take_turn(bool cancellable);
-  /// Hands the turn to the next fetch waiting for it.
-  void give_turn();
 
   // ---- requests ---------------------------------------------------------------
 
@@ -134,11 +116,8 @@ struct Consumer::State {
   /// every second (a third of the lease timeout), watching the connection in
   /// between, which bounds how long a dead owner goes unnoticed. When the
   /// owner is lost, or the fetch is cancelled, the transfer is cancelled
-  /// (terminal) rather than left to its own deadline. Called holding the
-  /// turn; while another fetch waits for it and none of this one's requests
-  /// is on the wire, the turn is handed over (taken back for each renewal,
-  /// and before returning). Returns once the transfer has answered: why it
-  /// was stopped, or nothing.
+  /// (terminal) rather than left to its own deadline. Returns once the
+  /// transfer has answered: why it was stopped, or nothing.
   Awaitable<std::optional<Error>> supervise_transfer(std::span<const std::uint64_t> leases,
                                                      std::uint32_t lease_timeout_ms, const StartTransfer& start);
 

@@ -1,15 +1,13 @@
 // The consumer's connection discipline: fetches take turns on one
 // connection (only one fetch's requests on the wire at a time, whatever is
-// cancelled; a fetch's own pulls are pipelined), a fetch whose RDMA get runs
-// hands the turn to the next (so several gets run at once), and a dead
-// owner is noticed within seconds even while RDMA gets wait.
+// cancelled; a fetch's own pulls are pipelined),
+// and a dead owner is noticed within seconds even while an RDMA get waits.
 #include "rendezvous/rendezvous_fixture.hpp"
 
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/steady_timer.hpp>
 
-#include <algorithm>
 #include <deque>
 #include <optional>
 #include <random>
@@ -274,97 +272,6 @@ TEST_F(Rendezvous, ADeadOwnerFailsAnRdmaFetchWithinSecondsNotAtTheTransferDeadli
   EXPECT_TRUE(outcome->error().is(errc::peer_unreachable)) << outcome->error().message();
   EXPECT_LT(noticed, std::chrono::seconds(5)) << "the get was not cancelled when the owner went";
   EXPECT_EQ(held_when_answered, 1u) << "the fetch waited for the transfer to end";
-}
-
-asio::awaitable<void> fetch_named(corma::Consumer& consumer, std::string name,
-                                  std::optional<corma::Result<corma::Fetched>>& outcome) {
-  outcome = co_await consumer.async_fetch(std::move(name));
-}
-
-TEST_F(Rendezvous, FetchesOnOneConnectionHaveTheirRdmaGetsInFlightAtOnce) {
-  start_owner();
-  const auto other = pattern(big.size(), 17);
-  owner->publish("other", corma::PublishedObject{other, nullptr});
-  consumer_backend->hold_transfers();
-  constexpr std::size_t fetches = 3;
-  std::vector<std::optional<corma::Result<corma::Fetched>>> outcomes(fetches);
-  std::size_t in_flight_at_once = 0;
-  corma::testing::run(io, [&]() -> asio::awaitable<void> {
-    auto consumer = (co_await connect(consumer_registry)).value();
-    for (std::size_t i = 0; i < fetches; ++i) {
-      asio::co_spawn(io, fetch_named(*consumer, i == 1 ? "other" : "big", outcomes[i]), asio::detached);
-    }
-    // Each fetch hands the turn on once its get runs: all gets are held at once.
-    (void)co_await until([&] { return consumer_backend->transfers_in_flight() == fetches; }, std::chrono::seconds(5));
-    in_flight_at_once = consumer_backend->transfers_in_flight();
-    consumer_backend->release_transfers();
-    (void)co_await until([&] { return std::ranges::all_of(outcomes, [](const auto& o) { return o.has_value(); }); },
-                         std::chrono::seconds(5));
-  }());
-  EXPECT_EQ(in_flight_at_once, fetches);
-  for (std::size_t i = 0; i < fetches; ++i) {
-    ASSERT_TRUE(outcomes[i].has_value()) << "fetch " << i << " never finished";
-    ASSERT_TRUE(*outcomes[i]) << outcomes[i]->error().message();
-    const auto& fetched = outcomes[i]->value();
-    EXPECT_EQ(fetched.path, corma::Path::rdma);
-    const auto& expected = i == 1 ? other : big;
-    EXPECT_TRUE(std::equal(expected.begin(), expected.end(), fetched.data.bytes().begin())) << "fetch " << i;
-  }
-  EXPECT_EQ(owner->stats().live_leases, 0u);
-}
-
-TEST_F(Rendezvous, AFetchCancelledWhileItsGetRunsWithoutTheTurnStopsAndTheOtherGoesOn) {
-  start_owner();
-  consumer_backend->hold_transfers();
-  std::optional<corma::Result<corma::Fetched>> first;
-  std::optional<corma::Result<corma::Fetched>> second;
-  asio::cancellation_signal cancel;
-  corma::testing::run(io, [&]() -> asio::awaitable<void> {
-    auto consumer = (co_await connect(consumer_registry)).value();
-    // The first fetch's get runs; it hands the turn to the second.
-    asio::co_spawn(io, fetch_named(*consumer, "big", first), asio::bind_cancellation_slot(cancel.slot(), asio::detached));
-    (void)co_await until([&] { return consumer_backend->transfers_in_flight() == 1; }, std::chrono::seconds(5));
-    asio::co_spawn(io, fetch_named(*consumer, "big", second), asio::detached);
-    (void)co_await until([&] { return consumer_backend->transfers_in_flight() == 2; }, std::chrono::seconds(5));
-    cancel.emit(asio::cancellation_type::terminal);
-    (void)co_await until([&] { return first.has_value(); }, std::chrono::seconds(5));
-    consumer_backend->release_transfers();
-    (void)co_await until([&] { return second.has_value(); }, std::chrono::seconds(5));
-  }());
-  ASSERT_TRUE(first.has_value()) << "the cancelled fetch never answered";
-  ASSERT_FALSE(*first);
-  EXPECT_TRUE(first->error().is(errc::cancelled)) << first->error().message();
-  ASSERT_TRUE(second.has_value());
-  ASSERT_TRUE(*second) << second->error().message();
-  EXPECT_TRUE(std::equal(big.begin(), big.end(), second->value().data.bytes().begin()));
-  EXPECT_EQ(owner->stats().live_leases, 0u) << "the cancelled fetch's lease was not released";
-}
-
-TEST_F(Rendezvous, ADeadOwnerFailsEveryRdmaFetchSharingTheConnectionWithinSeconds) {
-  start_owner();
-  consumer_backend->hold_transfers();
-  constexpr std::size_t fetches = 2;
-  std::vector<std::optional<corma::Result<corma::Fetched>>> outcomes(fetches);
-  std::chrono::steady_clock::duration noticed{};
-  corma::testing::run(io, [&]() -> asio::awaitable<void> {
-    auto consumer = (co_await connect(consumer_registry)).value();
-    for (auto& outcome : outcomes) asio::co_spawn(io, fetch_named(*consumer, "big", outcome), asio::detached);
-    (void)co_await until([&] { return consumer_backend->transfers_in_flight() == fetches; }, std::chrono::seconds(5));
-    owner->stop();
-    acceptor.close();
-    const auto stopped = std::chrono::steady_clock::now();
-    (void)co_await until([&] { return std::ranges::all_of(outcomes, [](const auto& o) { return o.has_value(); }); },
-                         std::chrono::seconds(10));
-    noticed = std::chrono::steady_clock::now() - stopped;
-    consumer_backend->release_transfers();
-    (void)co_await until([&] { return consumer_backend->live_registrations() == 0u; }, std::chrono::seconds(5));
-  }());
-  for (const auto& outcome : outcomes) {
-    ASSERT_TRUE(outcome.has_value());
-    ASSERT_FALSE(*outcome);
-    EXPECT_TRUE(outcome->error().is(errc::peer_unreachable)) << outcome->error().message();
-  }
-  EXPECT_LT(noticed, std::chrono::seconds(5)) << "a fetch whose get waited without the turn was not told";
 }
 
 }  // namespace
