@@ -352,13 +352,6 @@ asio::awaitable<Result<void>> Consumer::State::read_windows(const RdmaWindow& fi
   }
 }
 
-asio::awaitable<Result<void>> Consumer::State::rdma_get(std::span<std::byte> into,
-                                                        const std::function<void(DeregisteredEvent)>& keep_until,
-                                                        const ReadInto& read) {
-  CORMA_CO_TRY(auto guard, co_await registry->async_register(into, Access::local, asio::use_awaitable));
-  co_return co_await rdma_get(std::move(guard), keep_until, read);
-}
-
 asio::awaitable<Result<void>> Consumer::State::rdma_get(RegionGuard guard,
                                                         const std::function<void(DeregisteredEvent)>& keep_until,
                                                         const ReadInto& read) {
@@ -454,7 +447,10 @@ asio::awaitable<Result<FetchOutcome>> Consumer::State::fetch(std::string name, c
       got = co_await read(*destination.registered, destination.registered_offset);
     } else {
       auto guard = co_await registry->async_register(into.value(), Access::local, asio::use_awaitable);
-      std::function<void(DeregisteredEvent)> keep_until = destination.keep_until;
+      const std::function<void(DeregisteredEvent)> keep_spare = [&spare](DeregisteredEvent released) {
+        keep_until_deregistered(std::move(spare), released);
+      };
+      const auto* keep_until = &destination.keep_until;
       if (!guard && destination.rdma_lands_for_good) {
         // The caller's landing cannot be registered (a NIC may refuse to
         // pin a file's shared mapping): the read lands in fresh memory
@@ -462,11 +458,11 @@ asio::awaitable<Result<FetchOutcome>> Consumer::State::fetch(std::string name, c
         spare = OwnedBuffer::allocate(std::max<std::uint64_t>(fetched.size, 1));
         into = spare.bytes().first(fetched.size);
         rdma_sink = destination.sink;
-        keep_until = [&spare](DeregisteredEvent released) { keep_until_deregistered(std::move(spare), released); };
+        keep_until = &keep_spare;
         guard = co_await registry->async_register(into.value(), Access::local, asio::use_awaitable);
       }
       if (guard) {
-        got = co_await rdma_get(std::move(guard).value(), keep_until, read);
+        got = co_await rdma_get(std::move(guard).value(), *keep_until, read);
       } else {
         got = std::move(guard).error();
       }

@@ -137,11 +137,8 @@ struct Consumer::State {
                                        const ChunkSink& sink, std::uint32_t& windows);
   /// A read into a registered region, at `base` in it.
   using ReadInto = std::function<Awaitable<Result<void>>(RegionGuard& guard, std::uint64_t base)>;
-  /// `read` into memory registered for it alone (at its start), deregistered
-  /// after; a failed read's memory is handed to `keep_until`.
-  Awaitable<Result<void>> rdma_get(std::span<std::byte> into, const std::function<void(DeregisteredEvent)>& keep_until,
-                                   const ReadInto& read);
-  /// The same into `guard`, registered for this read.
+  /// `read` into `guard`, memory registered for it alone (at its start),
+  /// deregistered after; a failed read's memory is handed to `keep_until`.
   Awaitable<Result<void>> rdma_get(RegionGuard guard, const std::function<void(DeregisteredEvent)>& keep_until,
                                    const ReadInto& read);
   /// The key imported for `packed` (once per packed key and peer).
