@@ -29,9 +29,16 @@ struct PublishedObject {
   std::shared_ptr<const void> keepalive;
 };
 
-/// Finds objects the owner did not publish up front (corma serve maps files
-/// on demand). Answer `region_not_found` for unknown names.
+/// Finds objects the owner did not publish up front (corma serve reads
+/// files on demand). Answer `region_not_found` for unknown names. Names
+/// reach it only once check_object_name() accepts them.
 using ObjectResolver = std::function<Result<PublishedObject>(std::string_view name)>;
+
+/// Run before a turn of look-ups (the names of the acquires from every
+/// connection the owner works on next): a resolver that keeps what it found
+/// brings it up to date here, once, instead of once per name. A name looked
+/// up after it then sees every change made before its request arrived.
+using ResolverRefresh = std::function<void()>;
 
 struct OwnerConfig {
   /// Objects smaller than this are always served in chunks.
@@ -56,6 +63,11 @@ struct OwnerConfig {
   /// releases behind it. Past this many unanswered requests the
   /// connection's next frame is not read until one is answered.
   std::size_t max_requests_in_flight = 32;
+  /// Names one connection's acquires may have queued or under way at once
+  /// (a batch counts its names): past it the connection's next frame is
+  /// not read until some are answered. A consumer pipelining batches keeps
+  /// two of them (at most 2 x 251 names) in flight.
+  std::size_t max_names_in_flight = 1024;
   /// Objects one batch request (protocol version 2) may name; a larger
   /// batch is refused whole (`budget_exceeded`). Announced to consumers in
   /// the hello, capped at half of max_leases_per_connection (a consumer
@@ -116,7 +128,7 @@ class Owner {
   ~Owner();
 
   void publish(std::string name, PublishedObject object);
-  void set_resolver(ObjectResolver resolver);
+  void set_resolver(ObjectResolver resolver, ResolverRefresh refresh = {});
 
   /// Accepts and serves connections until stop(), the acceptor closes or
   /// the operation is cancelled; each connection is a coroutine of its own.

@@ -20,6 +20,8 @@ struct ServeOptions {
   std::size_t max_handshakes = 128;
   std::size_t max_leases = 65536;
   double lease_timeout_s = 10;  ///< a lease lapses this long after its last acquire, renew or pull
+  double io_timeout_s = 10;     ///< the hello, the rest of a frame once begun, every write
+  double idle_timeout_s = 60;   ///< a connection silent this long between frames is closed
   TransportOptions transport;
 };
 

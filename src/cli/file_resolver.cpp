@@ -1,5 +1,7 @@
 #include "file_resolver.hpp"
 
+#include <corma/rendezvous.hpp>
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -7,6 +9,21 @@
 namespace corma::cli {
 
 namespace fs = std::filesystem;
+
+Result<void> check_served_name(std::string_view name) {
+  CORMA_TRY(check_object_name(name));
+  for (std::size_t start = 0; start <= name.size();) {
+    auto end = name.find('/', start);
+    if (end == std::string_view::npos) end = name.size();
+    const auto part = name.substr(start, end - start);
+    if (part.empty() || part == "." || part == "..") {
+      return fail(errc::not_owned, "'" + std::string(name) +
+                                       "' is not served: names are plain relative paths (no empty, '.' or '..' component)");
+    }
+    start = end + 1;
+  }
+  return success();
+}
 
 Result<FileResolver> FileResolver::create(const fs::path& root, std::uint64_t snapshot_limit) {
   std::error_code ec;
@@ -29,40 +46,49 @@ bool is_inside(const fs::path& root, const fs::path& path) {
   return true;
 }
 
+/// Closes a descriptor when it goes out of scope.
+struct Descriptor {
+  int fd;
+  ~Descriptor() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
 }  // namespace
 
 Result<PublishedObject> FileResolver::operator()(std::string_view name) const {
-  const fs::path relative(name);
-  if (name.empty() || relative.is_absolute() || relative.has_root_name()) {
-    return fail(errc::not_owned, "only relative paths are served");
-  }
-  for (const auto& part : relative) {
-    if (part == "..") return fail(errc::not_owned, "'..' is not served");
-  }
+  CORMA_TRY(check_served_name(name));
+  if (auto kept = snapshots_->find(name)) return PublishedObject{kept->bytes(), std::move(kept)};
+  return read(std::string(name));
+}
+
+Result<PublishedObject> FileResolver::read(const std::string& name) const {
+  // Watched before anything is opened, so that nothing that happens to the
+  // name from here on goes unseen while its snapshot is kept.
+  const bool watched = snapshots_->watch(name, root_);
   std::error_code ec;
   // Resolves every symlink: whatever the name says, the real file must be
   // under the root.
-  const auto real = fs::canonical(root_ / relative, ec);
-  if (ec) return fail(errc::region_not_found, "no file '" + std::string(name) + "'");
-  if (!is_inside(root_, real)) return fail(errc::not_owned, "'" + std::string(name) + "' leads outside the root");
+  const auto real = fs::canonical(root_ / name, ec);
+  if (ec || !is_inside(root_, real)) {
+    snapshots_->unwatch(name);
+    if (ec) return fail(errc::region_not_found, "no file '" + name + "'");
+    return fail(errc::not_owned, "'" + name + "' leads outside the root");
+  }
+  // A name that goes through a symlink is served but its snapshot not
+  // kept: the watches follow names, not where links lead.
+  if (watched && real != root_ / name) snapshots_->unwatch(name);
 
   // O_NOFOLLOW on the resolved path: a symlink swapped in after the check is refused.
-  const int fd = ::open(real.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) return fail(errc::region_not_found, "cannot open '" + std::string(name) + "'");
+  const Descriptor file{::open(real.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC)};
   struct stat info {};
-  if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
-    ::close(fd);
-    return fail(errc::region_not_found, "'" + std::string(name) + "' is not a regular file");
+  if (file.fd < 0 || ::fstat(file.fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+    snapshots_->unwatch(name);
+    return fail(errc::region_not_found, "'" + name + "' is not a regular file");
   }
-  if (info.st_size == 0) {
-    ::close(fd);
-    return PublishedObject{{}, nullptr};
-  }
-  auto snapshot = snapshots_->snapshot(fd, real.string(), name);
-  ::close(fd);
-  if (!snapshot) return std::move(snapshot).error();
-  const auto bytes = snapshot.value()->bytes();
-  return PublishedObject{bytes, std::move(snapshot).value()};
+  CORMA_TRY(auto snapshot, snapshots_->read(file.fd, name));
+  const auto bytes = snapshot->bytes();
+  return PublishedObject{bytes, std::move(snapshot)};
 }
 
 }  // namespace corma::cli

@@ -1,17 +1,25 @@
 // Serves the files under one directory, read-only, by relative path. Nothing
 // that resolves outside the directory (.., absolute paths, symlinks) is ever
-// opened. A file is served from a snapshot of one version of it
-// (file_snapshot.hpp), never from a mapping.
+// opened, and a name that is not a plain relative path is refused before it
+// reaches the file system. A file is served from a snapshot of one version
+// of it (snapshot_cache.hpp), never from a mapping.
 #pragma once
 
 #include <corma/owner.hpp>
 
-#include "file_snapshot.hpp"
+#include "snapshot_cache.hpp"
 
 #include <filesystem>
 #include <memory>
 
 namespace corma::cli {
+
+/// Whether `name` is a path a served directory answers to: components
+/// separated by single '/', none empty, "." or ".." (so no leading or
+/// trailing '/'), and no byte the protocol refuses in a name. Each file has
+/// exactly one such name (without symlinks), so no two strings alias it by
+/// accident. `not_owned` otherwise.
+Result<void> check_served_name(std::string_view name);
 
 class FileResolver {
  public:
@@ -23,13 +31,18 @@ class FileResolver {
                                      std::uint64_t snapshot_limit = default_snapshot_limit);
 
   /// A snapshot of the file's current version (shared with every lease that
-  /// reads the same version). `region_not_found` for a missing file;
-  /// `not_owned` for anything that leads outside the root; `object_changed`
-  /// for a file that keeps changing while it is read; `budget_exceeded`
-  /// past the snapshot limit.
+  /// reads the same version). `not_owned` for a name check_served_name()
+  /// refuses or that leads outside the root; `region_not_found` for a
+  /// missing file; `object_changed` for a file being written (see
+  /// SnapshotCache::read); `budget_exceeded` past the snapshot limit.
   Result<PublishedObject> operator()(std::string_view name) const;
 
-  /// Bytes held by snapshots, in use or cached for the next fetch.
+  /// Brings the kept snapshots up to date with the file system: call it
+  /// once before the names of one request are resolved (the Owner's
+  /// refresh hook), and each name sees every change made before the request.
+  void refresh() const { snapshots_->refresh(); }
+
+  /// Bytes held by snapshots, in use or kept for the next fetch.
   [[nodiscard]] std::uint64_t snapshot_bytes() const noexcept { return snapshots_->bytes_held(); }
 
   [[nodiscard]] const std::filesystem::path& root() const noexcept { return root_; }
@@ -37,6 +50,8 @@ class FileResolver {
  private:
   FileResolver(std::filesystem::path root, std::uint64_t snapshot_limit)
       : root_(std::move(root)), snapshots_(std::make_shared<SnapshotCache>(snapshot_limit)) {}
+  Result<PublishedObject> read(const std::string& name) const;
+
   std::filesystem::path root_;  // canonical
   std::shared_ptr<SnapshotCache> snapshots_;  // shared by copies of the resolver
 };

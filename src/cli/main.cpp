@@ -34,6 +34,15 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   serve_cmd->add_option("--max-leases", serve.max_leases, "leases held at once over all connections")
       ->capture_default_str();
+  serve_cmd->add_option("--io-timeout", serve.io_timeout_s,
+                        "seconds for a connection's hello, for the rest of a frame once it began, and for each "
+                        "answer written; past it the connection is closed")
+      ->check(CLI::Range(0.1, 3600.0))
+      ->capture_default_str();
+  serve_cmd->add_option("--idle-timeout", serve.idle_timeout_s,
+                        "seconds a connection may stay silent between requests before it is closed")
+      ->check(CLI::Range(0.1, 86400.0))
+      ->capture_default_str();
 
   GetOptions get;
   auto* get_cmd = app.add_subcommand("get", "fetch one file from a corma serve");

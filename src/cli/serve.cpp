@@ -21,6 +21,14 @@ namespace corma::cli {
 
 namespace asio = boost::asio;
 
+namespace {
+
+std::chrono::milliseconds milliseconds(double seconds) {
+  return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
+}
+
+}  // namespace
+
 int run_serve(const ServeOptions& options) {
   auto snapshot_limit = parse_size(options.snapshot_limit);
   auto resolver = FileResolver::create(options.root, snapshot_limit ? snapshot_limit.value() : 0);
@@ -49,9 +57,12 @@ int run_serve(const ServeOptions& options) {
   owner_config.max_connections = options.max_connections;
   owner_config.max_leases = options.max_leases;
   owner_config.max_handshakes = options.max_handshakes;
-  owner_config.lease_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(options.lease_timeout_s * 1000));
+  owner_config.lease_timeout = milliseconds(options.lease_timeout_s);
+  owner_config.io_timeout = milliseconds(options.io_timeout_s);
+  owner_config.idle_timeout = milliseconds(options.idle_timeout_s);
   Owner owner(io.get_executor(), registry, owner_config);
-  owner.set_resolver(std::move(resolver).value());
+  const auto files = std::move(resolver).value();
+  owner.set_resolver(files, [files] { files.refresh(); });
 
   asio::ip::tcp::acceptor acceptor(io);
   boost::system::error_code ec;

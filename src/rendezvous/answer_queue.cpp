@@ -58,8 +58,13 @@ void AnswerQueue::finished() noexcept {
   changed_.cancel();
 }
 
-asio::awaitable<void> AnswerQueue::until_below(std::size_t limit) {
-  while (in_progress_ >= limit) {
+void AnswerQueue::give_back(std::size_t units) noexcept {
+  held_ -= units;
+  changed_.cancel();
+}
+
+asio::awaitable<void> AnswerQueue::until_below(std::size_t limit, std::size_t units) {
+  while (in_progress_ >= limit || held_ >= units) {
     changed_.expires_at(asio::steady_timer::time_point::max());
     (void)co_await changed_.async_wait(asio::as_tuple(asio::use_awaitable));
   }

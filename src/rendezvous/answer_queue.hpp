@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <deque>
 #include <memory>
 #include <span>
@@ -36,8 +37,18 @@ class AnswerQueue {
   asio::awaitable<void> answer_data(std::uint64_t request_id, std::uint64_t offset,
                                     std::span<const std::byte> bytes, std::shared_ptr<const void> keepalive);
 
-  /// Returns once fewer than `limit` requests are in progress.
-  asio::awaitable<void> until_below(std::size_t limit);
+  /// A request in progress stands for `units` of work (a batch's names)
+  /// until it gives them back: the reader holds back past a limit of those
+  /// too, so what a connection has queued is bounded by what it costs.
+  void hold(std::size_t units) noexcept { held_ += units; }
+  void give_back(std::size_t units) noexcept;
+
+  /// A request begun is given up unanswered: its connection is gone.
+  void forgo() noexcept { finished(); }
+
+  /// Returns once fewer than `limit` requests are in progress, and fewer
+  /// than `units` units are held.
+  asio::awaitable<void> until_below(std::size_t limit, std::size_t units = std::numeric_limits<std::size_t>::max());
 
   [[nodiscard]] std::size_t in_progress() const noexcept { return in_progress_; }
   /// A write failed: the connection is closed, and answers are dropped.
@@ -62,6 +73,7 @@ class AnswerQueue {
   bool writing_ = false;
   bool failed_ = false;
   std::size_t in_progress_ = 0;
+  std::size_t held_ = 0;
   /// Cancelled whenever a request ends: wakes until_below().
   asio::steady_timer changed_;
 };

@@ -71,14 +71,6 @@ Consumer::State::Destination registered_destination(RegionGuard& region, std::ui
           nullptr};
 }
 
-Result<void> check_name(std::string_view name) {
-  if (name.empty() || name.size() > max_name_length) {
-    return fail(errc::out_of_range, "object name of " + std::to_string(name.size()) + " bytes is outside 1.." +
-                                        std::to_string(max_name_length));
-  }
-  return success();
-}
-
 Consumer::State::State(asio::any_io_executor ex, std::shared_ptr<Registry> r, ConsumerConfig c)
     : executor(ex), registry(std::move(r)), config(std::move(c)), turn(ex, 1) {
   turn.try_send(boost::system::error_code{});
@@ -396,7 +388,7 @@ asio::awaitable<Result<std::span<std::byte>>> Consumer::State::span_to_fill(cons
 }
 
 asio::awaitable<Result<FetchOutcome>> Consumer::State::fetch(std::string name, const Destination& destination) {
-  CORMA_CO_TRY(check_name(name));
+  CORMA_CO_TRY(check_object_name(name));
   Acquire acquire{name, peer.has_value()};
   CORMA_CO_TRY(auto reply, co_await request(std::move(acquire)));
   if (std::holds_alternative<NotFound>(reply)) {

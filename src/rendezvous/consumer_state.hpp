@@ -201,8 +201,4 @@ struct Consumer::State {
 [[nodiscard]] Consumer::State::Destination registered_destination(RegionGuard& region, std::uint64_t offset,
                                                                   std::uint64_t capacity);
 
-/// Checks an object name before it goes on the wire (the owner would
-/// refuse it as malformed and close the connection).
-[[nodiscard]] Result<void> check_name(std::string_view name);
-
 }  // namespace corma

@@ -58,7 +58,7 @@ class ManyFetch {
 
   asio::awaitable<ManyFetched> run() {
     for (std::size_t i = 0; i < names_.size(); ++i) {
-      auto checked = check_name(names_[i]);
+      auto checked = check_object_name(names_[i]);
       if (checked) checked = check_slot(slots_[i]);
       if (checked) {
         pending_.push_back(i);

@@ -4,6 +4,7 @@
 
 #include <corma/descriptor.hpp>
 #include <corma/error.hpp>
+#include <corma/rendezvous.hpp>
 
 #include <cstdint>
 #include <optional>
@@ -27,8 +28,8 @@ inline constexpr std::uint16_t batch_protocol_version = 2;
 inline constexpr std::size_t frame_header_size = 16;
 /// Bytes after the length prefix of the fixed header.
 inline constexpr std::size_t frame_fixed_body = frame_header_size - 4;
-/// Object names are relative paths; longer ones are refused.
-inline constexpr std::size_t max_name_length = 4096;
+/// Longer object names make a frame malformed.
+inline constexpr std::size_t max_name_length = max_object_name_length;
 /// Detail text in error replies; longer ones are refused.
 inline constexpr std::size_t max_detail_length = 1024;
 /// Objects one batch frame may name; the codec refuses more. An owner

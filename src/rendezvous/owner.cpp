@@ -13,6 +13,7 @@ using namespace rendezvous;
 Owner::Owner(asio::any_io_executor executor, std::shared_ptr<Registry> registry, OwnerConfig config)
     : state_(std::make_shared<State>(executor, std::move(registry), config)) {
   asio::co_spawn(executor, state_->reap(), asio::detached);
+  asio::co_spawn(executor, state_->dispatch(), asio::detached);
 }
 
 Owner::~Owner() { stop(); }
@@ -25,7 +26,10 @@ void Owner::publish(std::string name, PublishedObject object) {
   state_->published[std::move(name)] = std::move(object);
 }
 
-void Owner::set_resolver(ObjectResolver resolver) { state_->resolver = std::move(resolver); }
+void Owner::set_resolver(ObjectResolver resolver, ResolverRefresh refresh) {
+  state_->resolver = std::move(resolver);
+  state_->refresh_resolver = std::move(refresh);
+}
 
 asio::any_io_executor Owner::executor() const { return state_->executor; }
 
@@ -50,6 +54,7 @@ void Owner::stop() {
   auto& state = *state_;
   state.draining = true;
   state.reaper.cancel();
+  if (state.dispatcher_waiting) state.work_arrived.cancel();
   for (const auto& connection : state.connections) connection->close();
   for (auto& [id, lease] : state.leases) {
     if (lease.exported) state.retired.push_back(std::move(lease.exported));

@@ -72,14 +72,19 @@ bool Owner::State::covers(const Export& exported, const PublishedObject& object)
   return registered.data() == object.bytes.data() && registered.size() == object.bytes.size();
 }
 
+std::shared_ptr<Export> Owner::State::ready_export(const std::string& name, const PublishedObject& object) {
+  if (auto cached = cached_export(name); cached && covers(*cached, object)) return cached;
+  if (auto it = exports.find(name); it != exports.end()) {
+    if (auto shared = it->second.lock(); shared && covers(*shared, object)) return shared;
+  }
+  return nullptr;
+}
+
 asio::awaitable<Result<std::shared_ptr<Export>>> Owner::State::export_object(const std::string& name,
                                                                              const PublishedObject& object,
                                                                              bool cacheable) {
   for (;;) {
-    if (auto cached = cached_export(name); cached && covers(*cached, object)) co_return cached;
-    if (auto it = exports.find(name); it != exports.end()) {
-      if (auto shared = it->second.lock(); shared && covers(*shared, object)) co_return shared;
-    }
+    if (auto ready = ready_export(name, object)) co_return ready;
     auto under_way = exporting.find(name);
     if (under_way == exporting.end()) break;
     // Another acquire registers it now: its export is taken when ready

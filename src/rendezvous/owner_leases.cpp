@@ -50,62 +50,79 @@ Lease* Owner::State::lease_of(std::uint64_t session, std::uint64_t id) {
   return &it->second;
 }
 
-asio::awaitable<Grant> Owner::State::acquire(std::uint64_t session, bool rdma_peer, bool windows, Acquire request) {
+Owner::State::PreparedAcquire Owner::State::prepare_acquire(std::uint64_t session, bool rdma_peer, bool windows,
+                                                            const Acquire& request) {
+  // A name that is not one is refused before anything looks it up, and the
+  // lease caps are checked before the name is: a refused acquire costs no
+  // file system call.
+  if (auto valid = check_object_name(request.name); !valid) {
+    ++stats.refused_requests;
+    return error_reply(valid.error());
+  }
+  if (leases_of(session) >= config.max_leases_per_connection) {
+    ++stats.refused_requests;
+    return error_reply(Error{errc::budget_exceeded, "too many leases on this connection"});
+  }
+  if (leases.size() + acquiring_total >= config.max_leases) {
+    ++stats.refused_requests;
+    return error_reply(Error{errc::budget_exceeded,
+                             "the owner holds its maximum of " + std::to_string(config.max_leases) + " leases"});
+  }
   auto object = find(request.name);
   if (!object) {
     if (object.error().is(errc::region_not_found)) {
       ++stats.not_found;
-      co_return NotFound{};
+      return NotFound{};
     }
-    co_return error_reply(object.error());
+    return error_reply(object.error());
   }
-  if (leases_of(session) >= config.max_leases_per_connection) {
-    ++stats.refused_requests;
-    co_return error_reply(Error{errc::budget_exceeded, "too many leases on this connection"});
-  }
-  if (leases.size() + acquiring_total >= config.max_leases) {
-    ++stats.refused_requests;
-    co_return error_reply(Error{errc::budget_exceeded,
-                                "the owner holds its maximum of " + std::to_string(config.max_leases) + " leases"});
-  }
-  const AcquireUnderWay under_way(*this, session);
   const std::uint64_t size = object.value().bytes.size();
-  Lease lease{session, request.name, object.value(), std::nullopt, nullptr, {}};
-  if (auto it = publications.find(request.name); it != publications.end() && published.contains(request.name)) {
+  const bool published_here = published.contains(request.name);
+  Lease lease{session, request.name, std::move(object).value(), std::nullopt, nullptr, {}};
+  if (auto it = publications.find(request.name); it != publications.end() && published_here) {
     lease.publication = it->second;
   }
-  std::optional<ChunkedReason> reason;
-  if (draining) {
-    reason = ChunkedReason::draining;
-  } else if (!request.wants_rdma || !rdma_peer) {
-    reason = ChunkedReason::no_offer;
-  } else if (size < config.rdma_threshold) {
-    reason = ChunkedReason::below_threshold;
-  } else {
-    const bool cacheable = published.find(request.name) != published.end();
-    auto exported = co_await export_object(request.name, lease.object, cacheable);
-    if (exported) {
-      lease.exported = std::move(exported).value();
-    } else if (windows && exported.error().is(errc::budget_exceeded)) {
-      auto window = co_await export_window(lease.object, 0, windowed_leases + 1);
-      if (window) {
-        lease.exported = std::move(window).value();
-        lease.windowed = true;
-        lease.window_end = lease.exported->guard.size();
-      } else {
-        reason = window.error().is(errc::budget_exceeded) ? ChunkedReason::no_window : reason_for(window.error());
-      }
-    } else {
-      reason = reason_for(exported.error());
-    }
+  if (draining) return grant_lease(std::move(lease), ChunkedReason::draining);
+  if (!request.wants_rdma || !rdma_peer) return grant_lease(std::move(lease), ChunkedReason::no_offer);
+  if (size < config.rdma_threshold) return grant_lease(std::move(lease), ChunkedReason::below_threshold);
+  if (auto ready = ready_export(lease.name, lease.object)) {
+    lease.exported = std::move(ready);
+    return grant_lease(std::move(lease), std::nullopt);
   }
+  return PendingAcquire{std::move(lease), published_here, windows, std::make_unique<AcquireUnderWay>(*this, session)};
+}
+
+asio::awaitable<Grant> Owner::State::complete_acquire(PendingAcquire pending) {
+  auto& lease = pending.lease;
+  std::optional<ChunkedReason> reason;
+  auto exported = co_await export_object(lease.name, lease.object, pending.cacheable);
+  if (exported) {
+    lease.exported = std::move(exported).value();
+  } else if (pending.windows && exported.error().is(errc::budget_exceeded)) {
+    auto window = co_await export_window(lease.object, 0, windowed_leases + 1);
+    if (window) {
+      lease.exported = std::move(window).value();
+      lease.windowed = true;
+      lease.window_end = lease.exported->guard.size();
+    } else {
+      reason = window.error().is(errc::budget_exceeded) ? ChunkedReason::no_window : reason_for(window.error());
+    }
+  } else {
+    reason = reason_for(exported.error());
+  }
+  co_return grant_lease(std::move(lease), reason);
+}
+
+Grant Owner::State::grant_lease(Lease lease, std::optional<ChunkedReason> reason) {
   const std::uint64_t id = next_lease++;
+  const std::uint64_t size = lease.object.bytes.size();
   refresh(lease);
   const auto timeout_ms = static_cast<std::uint32_t>(config.lease_timeout.count());
   if (reason) {
     ++stats.decisions.chunked_by_reason[std::string(to_string(*reason))];
+    lease.exported = nullptr;
     add_lease(id, std::move(lease));
-    co_return Chunked{id, size, config.chunk_size, timeout_ms, *reason};
+    return Chunked{id, size, config.chunk_size, timeout_ms, *reason};
   }
   ++stats.decisions.rdma;
   auto descriptor = lease.exported->descriptor;
@@ -113,10 +130,10 @@ asio::awaitable<Grant> Owner::State::acquire(std::uint64_t session, bool rdma_pe
     ++windowed_leases;
     const auto window_len = lease.window_end;
     add_lease(id, std::move(lease));
-    co_return RdmaWindow{id, size, timeout_ms, 0, window_len, std::move(descriptor)};
+    return RdmaWindow{id, size, timeout_ms, 0, window_len, std::move(descriptor)};
   }
   add_lease(id, std::move(lease));
-  co_return RdmaGrant{id, size, timeout_ms, std::move(descriptor)};
+  return RdmaGrant{id, size, timeout_ms, std::move(descriptor)};
 }
 
 Result<PublishedObject> Owner::State::pull(std::uint64_t session, const Pull& request) {
@@ -187,18 +204,6 @@ std::optional<ErrorReply> Owner::State::admit_batch(std::size_t size) {
   }
   ++stats.batch_requests;
   return std::nullopt;
-}
-
-asio::awaitable<Message> Owner::State::acquire_many(std::uint64_t session, bool rdma_peer, AcquireMany request) {
-  if (auto refused = admit_batch(request.names.size())) co_return std::move(*refused);
-  Granted granted;
-  granted.grants.reserve(request.names.size());
-  for (auto& name : request.names) {
-    // Named, not a temporary inside the co_await: g++ 12 destroys those twice.
-    Acquire single{std::move(name), request.wants_rdma};
-    granted.grants.push_back(co_await acquire(session, rdma_peer, true, std::move(single)));
-  }
-  co_return granted;
 }
 
 Message Owner::State::release_many(std::uint64_t session, const ReleaseMany& request) {

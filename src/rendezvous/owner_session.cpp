@@ -3,8 +3,6 @@
 #include "owner_state.hpp"
 #include "hello.hpp"
 
-#include <boost/asio/co_spawn.hpp>
-#include <boost/asio/detached.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
@@ -33,48 +31,25 @@ asio::awaitable<Owner::State::Greeting> Owner::State::handshake(FramedConnection
   co_return greeting;
 }
 
-bool Owner::State::registers(const Session& session, const Message& message) {
-  return std::holds_alternative<Acquire>(message) ||
-         (session.version2 &&
-          (std::holds_alternative<AcquireMany>(message) || std::holds_alternative<NextWindow>(message)));
-}
-
-asio::awaitable<Message> Owner::State::registering_answer(const Session& session, Message message) {
-  if (auto* acquire_request = std::get_if<Acquire>(&message)) {
-    auto grant = co_await acquire(session.id, session.rdma_peer, session.version2, std::move(*acquire_request));
-    co_return std::visit([](auto&& answer) { return Message{std::move(answer)}; }, std::move(grant));
-  }
-  if (auto* many = std::get_if<AcquireMany>(&message)) {
-    co_return co_await acquire_many(session.id, session.rdma_peer, std::move(*many));
-  }
-  co_return co_await next_window(session.id, std::get<NextWindow>(message));
-}
-
-asio::awaitable<void> Owner::State::answer_concurrently([[maybe_unused]] std::shared_ptr<State> self, Session session,
-                                                        AnswerQueue& answers, Frame frame) {
-  Message reply;
-  try {
-    reply = co_await registering_answer(session, std::move(frame.message));
-  } catch (const std::exception& e) {
-    // (A resolver that throws, say.) The request is answered all the
-    // same: the connection waits for every answer it owes.
-    reply = error_reply(Error{errc::backend, std::string("the owner failed to answer: ") + e.what()});
-  }
-  Frame response{frame.request_id, std::move(reply)};
-  co_await answers.answer(std::move(response));
-}
-
 asio::awaitable<bool> Owner::State::take(const Session& session, AnswerQueue& answers, Frame frame) {
   const auto request_id = frame.request_id;
   auto& message = frame.message;
-  if (registers(session, message)) {
-    asio::co_spawn(executor, answer_concurrently(shared_from_this(), session, answers, std::move(frame)),
-                   asio::detached);
-    co_return true;
-  }
   Message reply = ErrorReply{static_cast<std::uint16_t>(errc::protocol), "unexpected message"};
   bool hostile = false;
-  if (auto* pull_request = std::get_if<Pull>(&message)) {
+  if (std::holds_alternative<Acquire>(message) ||
+      (session.version2 && std::holds_alternative<NextWindow>(message))) {
+    queue_request(session, answers, std::move(frame));
+    co_return true;
+  }
+  if (auto* many = std::get_if<AcquireMany>(&message); many != nullptr && session.version2) {
+    // A batch over the announced limit is refused whole, at once.
+    auto refused = admit_batch(many->names.size());
+    if (!refused) {
+      queue_request(session, answers, std::move(frame));
+      co_return true;
+    }
+    reply = std::move(*refused);
+  } else if (auto* pull_request = std::get_if<Pull>(&message)) {
     auto slice = pull(session.id, *pull_request);
     if (slice) {
       co_await answers.answer_data(request_id, pull_request->offset, slice.value().bytes,
@@ -114,12 +89,13 @@ asio::awaitable<void> Owner::State::session(asio::ip::tcp::socket socket) {
   const Session session{session_id, peer.has_value(), greeting.version >= batch_protocol_version};
   AnswerQueue answers(*connection, config.io_timeout);
   const auto in_flight = std::max<std::size_t>(config.max_requests_in_flight, 1);
+  const auto names_in_flight = std::max<std::size_t>(config.max_names_in_flight, 1);
   for (std::uint64_t served = 1; greeting.ok && connection->is_open() && !answers.failed(); ++served) {
     // Frames already buffered are read without suspending: give the other
     // connections their turn now and then, so that one client streaming
     // requests cannot hold the owner.
     if (served % 8 == 0) co_await asio::post(executor, asio::use_awaitable);
-    co_await answers.until_below(in_flight);
+    co_await answers.until_below(in_flight, names_in_flight);
     if (!connection->is_open()) break;
     auto frame = co_await connection->read(config.idle_timeout, config.io_timeout);
     if (!frame) {
@@ -130,7 +106,9 @@ asio::awaitable<void> Owner::State::session(asio::ip::tcp::socket socket) {
     if (!co_await take(session, answers, std::move(frame).value())) break;
   }
   // Every request taken is answered (or its answer dropped with the
-  // connection) before the session's leases and peer go.
+  // connection) before the session's leases and peer go; acquires still
+  // waiting for their turn are given up.
+  work.drop(session_id);
   co_await answers.until_below(1);
   connection->close();
   connections.erase(connection);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "answer_queue.hpp"
+#include "fair_queue.hpp"
 #include "framed_connection.hpp"
 #include "messages.hpp"
 
@@ -17,6 +18,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <map>
 #include <memory>
@@ -26,6 +28,7 @@
 #include <string_view>
 #include <unordered_map>
 #include <unordered_set>
+#include <variant>
 #include <vector>
 
 namespace corma {
@@ -115,6 +118,8 @@ struct Owner::State : std::enable_shared_from_this<State> {
   /// it read, so its release can tell whether the object changed meanwhile.
   std::map<std::string, std::uint64_t, std::less<>> publications;
   ObjectResolver resolver;
+  /// Run once before each turn of acquires looks names up (set_resolver).
+  std::function<void()> refresh_resolver;
   std::map<std::uint64_t, Lease> leases;
   /// The leases of each connection, so that counting and dropping them
   /// never scans every lease.
@@ -145,9 +150,17 @@ struct Owner::State : std::enable_shared_from_this<State> {
   bool draining = false;
   OwnerStats stats;
   boost::asio::steady_timer reaper;
+  /// Acquires and windows of every connection, taken in turns by cost
+  /// (fair_queue.hpp) by dispatch(), a turn of `work_quantum` names at a
+  /// time, each turn followed by the connections' I/O.
+  rendezvous::FairQueue work;
+  static constexpr std::size_t work_quantum = 64;
+  /// Woken (cancelled) when work arrives while dispatch() waits for it.
+  boost::asio::steady_timer work_arrived;
+  bool dispatcher_waiting = false;
 
   State(boost::asio::any_io_executor ex, std::shared_ptr<Registry> r, OwnerConfig c)
-      : executor(ex), registry(std::move(r)), config(c), reaper(ex) {}
+      : executor(ex), registry(std::move(r)), config(c), reaper(ex), work_arrived(ex) {}
 
   // ---- objects, leases, batches (owner_leases.cpp) ----
 
@@ -183,9 +196,29 @@ struct Owner::State : std::enable_shared_from_this<State> {
 
   void refresh(Lease& lease) { lease.deadline = rendezvous::clock_type::now() + config.lease_timeout; }
 
-  /// `windows`: the consumer speaks version 2, so an object whose
-  /// registration does not fit the budget may be lent in windows.
-  Awaitable<Grant> acquire(std::uint64_t session, bool rdma_peer, bool windows, Acquire request);
+  /// An acquire that needs a registration before it can be answered: its
+  /// lease as far as it is known, counted against the lease caps meanwhile.
+  struct PendingAcquire {
+    Lease lease;
+    bool cacheable = false;  ///< a published object: its export may be kept
+    bool windows = false;
+    std::unique_ptr<AcquireUnderWay> under_way;
+  };
+  using PreparedAcquire = std::variant<Grant, PendingAcquire>;
+
+  /// Everything of an acquire that needs no waiting: the name's checks, the
+  /// lease caps (before the name is looked up), the look-up, and the answer
+  /// itself when no registration is needed (chunked, or an export that is
+  /// cached or being read). `windows`: the consumer speaks version 2, so an
+  /// object whose registration does not fit the budget may be lent in
+  /// windows.
+  PreparedAcquire prepare_acquire(std::uint64_t session, bool rdma_peer, bool windows, const Acquire& request);
+
+  /// The rest: registers the object (or its first window) and answers.
+  Awaitable<Grant> complete_acquire(PendingAcquire pending);
+
+  /// Records `lease` and answers for it: chunked with `reason`, else RDMA.
+  Grant grant_lease(Lease lease, std::optional<rendezvous::ChunkedReason> reason);
 
   /// The slice a pull asks for, checked against its lease, with the
   /// object's keepalive: it is written straight from there, and must outlive
@@ -210,11 +243,6 @@ struct Owner::State : std::enable_shared_from_this<State> {
   /// over the limit announced in the hello.
   std::optional<ErrorReply> admit_batch(std::size_t size);
 
-  /// Acquires every name of a batch, each answered as a single acquire
-  /// would be. A batch over the limit announced in the hello is refused
-  /// whole, before any name is looked at.
-  Awaitable<Message> acquire_many(std::uint64_t session, bool rdma_peer, AcquireMany request);
-
   /// Ends every lease of a batch, each answered as a single release would
   /// be; a lease this connection does not hold is named, and left alone.
   Message release_many(std::uint64_t session, const ReleaseMany& request);
@@ -224,6 +252,10 @@ struct Owner::State : std::enable_shared_from_this<State> {
   // ---- registrations, the export cache, windows (owner_exports.cpp) ----
 
   std::shared_ptr<Export> cached_export(const std::string& name);
+
+  /// A registration of `object` that leases of `name` can read at once
+  /// (cached, or read by another lease now); null when there is none.
+  std::shared_ptr<Export> ready_export(const std::string& name, const PublishedObject& object);
 
   void cache_export(const std::string& name, std::shared_ptr<Export> exported);
 
@@ -308,21 +340,16 @@ struct Owner::State : std::enable_shared_from_this<State> {
     bool version2 = false;   ///< batches and windows
   };
 
-  /// Whether answering `message` may wait for registrations (acquires and
-  /// windows): those are worked on concurrently with the connection's other
-  /// requests.
-  static bool registers(const Session& session, const Message& message);
+  /// Queues an acquire, a batch of them or a window for dispatch(); they
+  /// are answered when their turn and their registrations are done.
+  void queue_request(const Session& session, AnswerQueue& answers, Frame frame);
 
-  Awaitable<Message> registering_answer(const Session& session, Message message);
-
-  /// Answers a registering request in the background, `self` keeping the
-  /// state alive. `answers` outlives it: the connection waits for every
-  /// request it took.
-  Awaitable<void> answer_concurrently([[maybe_unused]] std::shared_ptr<State> self, Session session,
-                                      AnswerQueue& answers, Frame frame);
+  /// Runs the queued acquires and windows, a turn at a time, until the
+  /// owner stops.
+  Awaitable<void> dispatch();
 
   /// Takes one request (already begun in `answers`): what needs no waiting
-  /// is answered now, in order; the rest runs concurrently. False when the
+  /// is answered now, in order; acquires and windows are queued. False when the
   /// connection ends after this answer (a consumer sent an owner message).
   Awaitable<bool> take(const Session& session, AnswerQueue& answers, Frame frame);
 

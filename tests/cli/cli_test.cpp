@@ -121,7 +121,7 @@ TEST_F(TempTree, ResolverServesOnlyWhatIsUnderTheRoot) {
   }
   EXPECT_TRUE(resolver("missing").error().is(errc::region_not_found));
   EXPECT_TRUE(resolver("sub").error().is(errc::region_not_found));
-  EXPECT_TRUE(resolver("").error().is(errc::not_owned));
+  EXPECT_TRUE(resolver("").error().is(errc::out_of_range));
   EXPECT_FALSE(FileResolver::create(base / "nowhere"));
 }
 

@@ -164,6 +164,8 @@ TEST_F(Rendezvous, AConnectionClosedWhileItsAcquireRegistersLeavesNoLease) {
     owner_backend->hold_maps();
     auto acquire = message(rv::Acquire{"big", true});
     (void)co_await send(client, std::move(acquire));
+    (void)co_await until([&] { return owner_backend->held_maps() == 1; }, std::chrono::seconds(5));
+    EXPECT_EQ(owner_backend->held_maps(), 1U) << "the acquire never reached its registration";
     client.connection->close();
     // The owner notices the close while the registration is held, and
     // keeps the connection until its acquire has answered.

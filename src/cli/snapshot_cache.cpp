@@ -1,0 +1,110 @@
+#include "snapshot_cache.hpp"
+
+#include "read_lease.hpp"
+
+#include <sys/stat.h>
+
+namespace corma::cli {
+
+SnapshotCache::SnapshotCache(std::uint64_t max_bytes)
+    : max_bytes_(max_bytes), held_(std::make_shared<std::atomic<std::uint64_t>>(0)) {
+  // Without inotify nothing is kept: every fetch reads its file again.
+  if (auto watch = ChangeWatch::create()) watch_.emplace(std::move(watch).value());
+}
+
+void SnapshotCache::refresh() {
+  std::lock_guard lock(mutex_);
+  refresh_locked();
+}
+
+void SnapshotCache::refresh_locked() {
+  refreshed_ = std::chrono::steady_clock::now();
+  if (!watch_) return;
+  for (const auto& name : watch_->changed()) drop(name);
+}
+
+std::shared_ptr<const FileSnapshot> SnapshotCache::find(std::string_view name) {
+  std::lock_guard lock(mutex_);
+  if (kept_.empty()) return nullptr;
+  if (std::chrono::steady_clock::now() - refreshed_ > news_interval) refresh_locked();
+  auto it = kept_.find(name);
+  if (it == kept_.end()) return nullptr;
+  recency_.splice(recency_.end(), recency_, it->second.recency);  // most recently used last
+  return it->second.snapshot;
+}
+
+bool SnapshotCache::watch(const std::string& name, const std::filesystem::path& root) {
+  std::lock_guard lock(mutex_);
+  drop(name);
+  return watch_ && watch_->watch_name(name, root, name);
+}
+
+void SnapshotCache::unwatch(const std::string& name) {
+  std::lock_guard lock(mutex_);
+  drop(name);
+}
+
+void SnapshotCache::drop(const std::string& name) {
+  if (watch_) watch_->forget(name);
+  auto it = kept_.find(name);
+  if (it == kept_.end()) return;
+  recency_.erase(it->second.recency);
+  kept_.erase(it);  // its readers keep their own reference
+}
+
+void SnapshotCache::make_room(std::uint64_t size) {
+  for (auto it = recency_.begin(); it != recency_.end() && held_->load() + size > max_bytes_;) {
+    const std::string name = *it++;
+    if (kept_.at(name).snapshot.use_count() == 1) drop(name);  // nobody reads it
+  }
+}
+
+Result<std::shared_ptr<const FileSnapshot>> SnapshotCache::read(int fd, const std::string& name) {
+  bool keep = false;
+  {
+    std::lock_guard lock(mutex_);
+    // The file watch goes on before the lease is taken: from the moment the
+    // snapshot is proven whole, every open of the file is seen.
+    keep = watch_ && watch_->watch_file(name, fd);
+  }
+  for (int attempt = 1;; ++attempt) {
+    auto snapshot = read_once(fd, name);
+    if (snapshot && keep) {
+      std::lock_guard lock(mutex_);
+      recency_.push_back(name);
+      kept_.insert_or_assign(name, Kept{snapshot.value(), std::prev(recency_.end())});
+    }
+    if (snapshot || !snapshot.error().is(errc::object_changed) || attempt == read_attempts) {
+      if (!snapshot) unwatch(name);
+      if (!snapshot && snapshot.error().is(errc::object_changed)) {
+        return fail(errc::object_changed, "'" + name + "' was being written each of " + std::to_string(read_attempts) +
+                                              " times it was read (" + snapshot.error().detail +
+                                              "); publish files by renaming a finished file over the name");
+      }
+      return snapshot;
+    }
+  }
+}
+
+Result<std::shared_ptr<const FileSnapshot>> SnapshotCache::read_once(int fd, const std::string& name) {
+  CORMA_TRY(auto lease, ReadLease::take(fd, name));
+  // The size too is read under the lease: nobody can change it now.
+  struct stat info {};
+  if (::fstat(fd, &info) != 0) return fail(errc::region_not_found, "cannot stat '" + name + "'");
+  const auto size = static_cast<std::uint64_t>(info.st_size);
+  {
+    std::lock_guard lock(mutex_);
+    make_room(size);
+  }
+  if (held_->load() + size > max_bytes_) {
+    return fail(errc::budget_exceeded, "serving '" + name + "' (" + std::to_string(size) +
+                                           " bytes) would take file snapshots past their limit of " +
+                                           std::to_string(max_bytes_) + " bytes");
+  }
+  auto snapshot = std::make_shared<FileSnapshot>(size, held_);
+  CORMA_TRY(read_into(fd, snapshot->bytes(), name));
+  if (!lease.intact()) return fail(errc::object_changed, "it was opened for writing while it was read");
+  return std::shared_ptr<const FileSnapshot>(std::move(snapshot));
+}
+
+}  // namespace corma::cli

@@ -1,0 +1,85 @@
+// Snapshots of served files, kept by name for the next fetch while their
+// file and name provably stay as they were (change_watch.hpp), within a
+// byte limit. A kept snapshot is found without touching the file system;
+// each is read under a read lease (read_lease.hpp), so it is one version.
+#pragma once
+
+#include "change_watch.hpp"
+#include "file_snapshot.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+
+namespace corma::cli {
+
+class SnapshotCache {
+ public:
+  /// How often a file is read again when it was being written before the
+  /// fetch is refused with `object_changed`.
+  static constexpr int read_attempts = 3;
+  /// A look-up trusts what it kept for at most this long without reading
+  /// the file system's news (refresh() also brings them in).
+  static constexpr std::chrono::microseconds news_interval{1000};
+
+  explicit SnapshotCache(std::uint64_t max_bytes);
+
+  /// Drops every kept snapshot whose file or name may have changed. A
+  /// caller that looks up many names for one request calls it once first:
+  /// the look-ups then see every change made before the request.
+  void refresh();
+
+  /// The kept snapshot of `name`, while it is provably current.
+  std::shared_ptr<const FileSnapshot> find(std::string_view name);
+
+  /// Begins to watch `name` under `root` before its file is opened; false
+  /// when it cannot be watched (its snapshot is then not kept).
+  bool watch(const std::string& name, const std::filesystem::path& root);
+  /// Gives up watching `name` (its snapshot is not to be kept).
+  void unwatch(const std::string& name);
+
+  /// Reads the open file `fd` whole under a read lease, `read_attempts`
+  /// times at most while a writer is at work, and keeps the snapshot for
+  /// `name` when `name` is being watched (watch()). `object_changed` for a
+  /// file being written throughout; `not_configured` where no read lease
+  /// can be had; `budget_exceeded` when snapshots alive would pass the limit.
+  Result<std::shared_ptr<const FileSnapshot>> read(int fd, const std::string& name);
+
+  /// Bytes held by snapshots, in use or kept.
+  [[nodiscard]] std::uint64_t bytes_held() const noexcept { return held_->load(); }
+
+ private:
+  struct Kept {
+    std::shared_ptr<const FileSnapshot> snapshot;
+    std::list<std::string>::iterator recency;
+  };
+  struct NameHash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view name) const noexcept { return std::hash<std::string_view>{}(name); }
+  };
+
+  Result<std::shared_ptr<const FileSnapshot>> read_once(int fd, const std::string& name);
+  /// Gives up kept snapshots nobody reads, least recently used first, until
+  /// `size` more bytes fit the limit or none is left (under mutex_).
+  void make_room(std::uint64_t size);
+  void drop(const std::string& name);  // under mutex_
+  void refresh_locked();              // under mutex_
+
+  std::uint64_t max_bytes_;
+  std::shared_ptr<std::atomic<std::uint64_t>> held_;
+  std::mutex mutex_;
+  std::optional<ChangeWatch> watch_;  ///< none: nothing is kept
+  std::unordered_map<std::string, Kept, NameHash, std::equal_to<>> kept_;
+  std::list<std::string> recency_;  ///< least recently used first
+  std::chrono::steady_clock::time_point refreshed_{};
+};
+
+}  // namespace corma::cli

@@ -1,0 +1,46 @@
+#include "fair_queue.hpp"
+
+#include <algorithm>
+
+namespace corma::rendezvous {
+
+void FairQueue::push(std::uint64_t connection, std::shared_ptr<Job> job) {
+  auto& queue = queues_[connection];
+  if (queue.jobs.empty()) {
+    queue.served = std::max(queue.served, clock_);
+    ready_.emplace(queue.served, connection);
+  }
+  queue.jobs.push_back(std::move(job));
+}
+
+std::size_t FairQueue::run(std::size_t budget) {
+  std::size_t done = 0;
+  while (done < budget && !ready_.empty()) {
+    const auto [served, connection] = *ready_.begin();
+    ready_.erase(ready_.begin());
+    clock_ = served;
+    auto& queue = queues_.at(connection);
+    const auto job = queue.jobs.front();
+    const auto units = std::max<std::size_t>(job->run(budget - done), 1);
+    done += units;
+    queue.served += units;
+    if (job->finished()) queue.jobs.pop_front();
+    if (queue.jobs.empty()) {
+      queues_.erase(connection);  // it starts again from the clock
+    } else {
+      ready_.emplace(queue.served, connection);
+    }
+  }
+  return done;
+}
+
+void FairQueue::drop(std::uint64_t connection) {
+  auto it = queues_.find(connection);
+  if (it == queues_.end()) return;
+  auto jobs = std::move(it->second.jobs);
+  ready_.erase({it->second.served, connection});
+  queues_.erase(it);
+  for (auto& job : jobs) job->abandon();
+}
+
+}  // namespace corma::rendezvous

@@ -1,0 +1,60 @@
+// The owner's costly work (acquires: file look-ups, registrations) from
+// many connections, taken in turns by what it costs rather than in the
+// order it arrived, so that no connection's backlog stands in front of
+// another's request.
+//
+// Start-time fair queueing over connections: each connection counts the
+// units of work (names) it has had done; the connection with the smallest
+// count goes next, and one that had nothing queued starts at the count of
+// the connection served last, so neither a flood nor a long idle spell
+// moves it ahead of or behind the others by more than one turn.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <set>
+#include <unordered_map>
+#include <utility>
+
+namespace corma::rendezvous {
+
+/// Work done a few units at a time.
+class Job {
+ public:
+  virtual ~Job() = default;
+  /// Does at least one and at most `budget` units; how many it did.
+  virtual std::size_t run(std::size_t budget) = 0;
+  /// Nothing is left to run (parts may still be under way elsewhere).
+  [[nodiscard]] virtual bool finished() const = 0;
+  /// Its connection is gone: it will not run again, and must end without
+  /// doing what is left.
+  virtual void abandon() = 0;
+};
+
+class FairQueue {
+ public:
+  void push(std::uint64_t connection, std::shared_ptr<Job> job);
+
+  /// Runs jobs worth about `budget` units (a job's share may finish it past
+  /// the budget by less than one of its runs), fairest first; the units done.
+  std::size_t run(std::size_t budget);
+
+  /// Abandons every job queued for `connection`.
+  void drop(std::uint64_t connection);
+
+  [[nodiscard]] bool empty() const noexcept { return ready_.empty(); }
+
+ private:
+  struct Queue {
+    std::deque<std::shared_ptr<Job>> jobs;
+    std::uint64_t served = 0;  ///< units done for this connection, on the shared clock
+  };
+
+  std::unordered_map<std::uint64_t, Queue> queues_;
+  std::set<std::pair<std::uint64_t, std::uint64_t>> ready_;  ///< (served, connection) with jobs queued
+  std::uint64_t clock_ = 0;  ///< `served` of the connection run last
+};
+
+}  // namespace corma::rendezvous

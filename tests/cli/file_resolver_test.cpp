@@ -1,0 +1,204 @@
+// The files behind corma serve: each served version read whole under a read
+// lease (never a mix, whatever a writer does), kept for the next fetch only
+// while nothing can have changed it or its name, within a byte limit; and
+// names that are not plain relative paths refused before the file system
+// sees them.
+#include "file_resolver.hpp"
+
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace corma::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+class FileResolverTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char pattern[] = "/tmp/corma-files-XXXXXX";
+    ASSERT_NE(::mkdtemp(pattern), nullptr);
+    dir = pattern;
+  }
+  void TearDown() override { fs::remove_all(dir); }
+
+  void write_file(const std::string& name, std::size_t size, char fill) {
+    std::ofstream(dir / name, std::ios::binary) << std::string(size, fill);
+  }
+
+  /// The snapshot behind `name` as a fresh request sees it.
+  static Result<PublishedObject> fetch(const FileResolver& resolver, std::string_view name) {
+    resolver.refresh();
+    return resolver(name);
+  }
+
+  static char first_byte(const PublishedObject& object) { return static_cast<char>(object.bytes[0]); }
+
+  fs::path dir;
+};
+
+TEST_F(FileResolverTest, AnUnchangedFileIsReadOnceAndKeptWhileNobodyReadsIt) {
+  write_file("a", 4096, 'a');
+  auto resolver = FileResolver::create(dir, 1 << 20).value();
+  const void* first = nullptr;
+  {
+    auto taken = fetch(resolver, "a");
+    ASSERT_TRUE(taken) << taken.error().message();
+    first = taken.value().keepalive.get();
+  }  // nobody reads it now
+  EXPECT_EQ(resolver.snapshot_bytes(), 4096u) << "the idle snapshot was not kept";
+  auto again = fetch(resolver, "a");
+  ASSERT_TRUE(again) << again.error().message();
+  EXPECT_EQ(again.value().keepalive.get(), first) << "an unchanged file was read again";
+  EXPECT_EQ(first_byte(again.value()), 'a');
+}
+
+TEST_F(FileResolverTest, AWriteInPlaceWithinTheSameClockTickIsSeenByTheNextRequest) {
+  write_file("a", 4096, 'a');
+  auto resolver = FileResolver::create(dir, 1 << 20).value();
+  auto old_version = fetch(resolver, "a");
+  ASSERT_TRUE(old_version);
+  // Same size, written at once: the file's times may not move at all.
+  const int fd = ::open((dir / "a").c_str(), O_WRONLY);
+  ASSERT_GE(fd, 0);
+  const std::string b(4096, 'b');
+  ASSERT_EQ(::pwrite(fd, b.data(), b.size(), 0), 4096);
+  ::close(fd);
+  auto new_version = fetch(resolver, "a");
+  ASSERT_TRUE(new_version) << new_version.error().message();
+  EXPECT_NE(new_version.value().keepalive.get(), old_version.value().keepalive.get());
+  EXPECT_EQ(first_byte(new_version.value()), 'b');
+  EXPECT_EQ(first_byte(old_version.value()), 'a') << "a snapshot being read changed";
+  old_version = fail(errc::cancelled, "dropped");  // the old version's last reader is done
+  EXPECT_EQ(resolver.snapshot_bytes(), 4096u) << "the replaced version was kept";
+}
+
+TEST_F(FileResolverTest, AFileRenamedOverTheNameIsTheNewVersion) {
+  fs::create_directories(dir / "d");
+  write_file("d/a", 100, 'a');
+  auto resolver = FileResolver::create(dir, 1 << 20).value();
+  ASSERT_EQ(first_byte(fetch(resolver, "d/a").value()), 'a');
+  write_file("d/a.tmp", 200, 'b');
+  fs::rename(dir / "d/a.tmp", dir / "d/a");
+  auto renamed = fetch(resolver, "d/a");
+  ASSERT_TRUE(renamed) << renamed.error().message();
+  EXPECT_EQ(renamed.value().bytes.size(), 200u);
+  EXPECT_EQ(first_byte(renamed.value()), 'b');
+
+  // A directory on the way renamed, and another put in its place.
+  fs::rename(dir / "d", dir / "old");
+  fs::create_directories(dir / "d");
+  write_file("d/a", 300, 'c');
+  auto replaced = fetch(resolver, "d/a");
+  ASSERT_TRUE(replaced) << replaced.error().message();
+  EXPECT_EQ(first_byte(replaced.value()), 'c');
+}
+
+TEST_F(FileResolverTest, AFileHeldOpenForWritingIsRefusedAsChangingAndServedOnceClosed) {
+  write_file("a", 4096, 'a');
+  auto resolver = FileResolver::create(dir, 1 << 20).value();
+  const int writer = ::open((dir / "a").c_str(), O_WRONLY);
+  ASSERT_GE(writer, 0);
+  auto refused = fetch(resolver, "a");
+  ASSERT_FALSE(refused);
+  EXPECT_TRUE(refused.error().is(errc::object_changed)) << refused.error().message();
+  EXPECT_NE(refused.error().detail.find("renaming"), std::string::npos) << "no advice: " << refused.error().detail;
+  EXPECT_EQ(resolver.snapshot_bytes(), 0u);
+  ::close(writer);
+  auto served = fetch(resolver, "a");
+  ASSERT_TRUE(served) << served.error().message();
+  EXPECT_EQ(first_byte(served.value()), 'a');
+}
+
+TEST_F(FileResolverTest, AWritableSharedMappingIsAWriterEvenAfterItsDescriptorIsClosed) {
+  write_file("a", 4096, 'a');
+  auto resolver = FileResolver::create(dir, 1 << 20).value();
+  auto before = fetch(resolver, "a");
+  ASSERT_TRUE(before);
+  const int fd = ::open((dir / "a").c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  void* mapping = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ASSERT_NE(mapping, MAP_FAILED);
+  ::close(fd);
+  static_cast<char*>(mapping)[0] = 'm';  // a write no event reports
+  auto refused = fetch(resolver, "a");
+  ASSERT_FALSE(refused) << "a kept snapshot was handed out while a mapping could write the file";
+  EXPECT_TRUE(refused.error().is(errc::object_changed)) << refused.error().message();
+  ::munmap(mapping, 4096);
+  auto after = fetch(resolver, "a");
+  ASSERT_TRUE(after) << after.error().message();
+  EXPECT_EQ(first_byte(after.value()), 'm');
+  EXPECT_EQ(first_byte(before.value()), 'a');
+}
+
+TEST_F(FileResolverTest, TruncationAndExtensionGiveWholeNewVersions) {
+  write_file("a", 8192, 'a');
+  auto resolver = FileResolver::create(dir, 1 << 20).value();
+  ASSERT_TRUE(fetch(resolver, "a"));
+  ASSERT_EQ(::truncate((dir / "a").c_str(), 100), 0);
+  EXPECT_EQ(fetch(resolver, "a").value().bytes.size(), 100u);
+  ASSERT_EQ(::truncate((dir / "a").c_str(), 10000), 0);
+  auto extended = fetch(resolver, "a");
+  ASSERT_TRUE(extended);
+  EXPECT_EQ(extended.value().bytes.size(), 10000u);
+  EXPECT_EQ(static_cast<char>(extended.value().bytes[9999]), '\0');
+}
+
+TEST_F(FileResolverTest, ANameThroughASymlinkIsServedButNotKept) {
+  write_file("a", 4096, 'a');
+  fs::create_symlink(dir / "a", dir / "link");
+  auto resolver = FileResolver::create(dir, 1 << 20).value();
+  const void* first = fetch(resolver, "link").value().keepalive.get();
+  ASSERT_NE(first, nullptr);
+  EXPECT_EQ(resolver.snapshot_bytes(), 0u) << "a snapshot reached through a symlink was kept";
+}
+
+TEST_F(FileResolverTest, NamesThatAreNotPlainRelativePathsAreRefusedAsNotOwned) {
+  write_file("f_4096", 4096, 'a');
+  fs::create_directories(dir / "d");
+  write_file("d/f", 10, 'f');
+  auto resolver = FileResolver::create(dir, 1 << 20).value();
+  using namespace std::string_literals;
+  for (const auto& name : {"f_4096\0"s, "f_4096\0../x"s, "\0f_4096"s, "f_4096\n"s, "f\x7f"s, "d//f"s, "./f_4096"s,
+                           "d/./f"s, "d/f/"s, "/d/f"s, "d/../f_4096"s, ".."s, "."s}) {
+    auto refused = resolver(name);
+    ASSERT_FALSE(refused) << "served '" << name << "'";
+    EXPECT_TRUE(refused.error().is(errc::not_owned)) << refused.error().message();
+  }
+  EXPECT_TRUE(resolver("f_4096"));
+  EXPECT_TRUE(resolver("d/f"));
+  EXPECT_TRUE(resolver(std::string(5000, 'n')).error().is(errc::out_of_range));
+}
+
+TEST_F(FileResolverTest, IdleSnapshotsMakeRoomLeastRecentlyUsedFirstButNeverOneBeingRead) {
+  write_file("a", 4000, 'a');
+  write_file("b", 4000, 'b');
+  write_file("c", 4000, 'c');
+  auto resolver = FileResolver::create(dir, 10000).value();
+  ASSERT_TRUE(fetch(resolver, "a"));
+  ASSERT_TRUE(fetch(resolver, "b"));
+  ASSERT_TRUE(fetch(resolver, "a"));  // a is now the more recently used
+  auto read_c = fetch(resolver, "c");  // 12000 > 10000: b (idle, older) goes
+  ASSERT_TRUE(read_c) << read_c.error().message();
+  EXPECT_EQ(resolver.snapshot_bytes(), 8000u);
+
+  auto read_a = fetch(resolver, "a");  // kept: no room needed
+  ASSERT_TRUE(read_a);
+  // a and c are both being read: b cannot come back.
+  auto refused = fetch(resolver, "b");
+  ASSERT_FALSE(refused);
+  EXPECT_TRUE(refused.error().is(errc::budget_exceeded)) << refused.error().message();
+  EXPECT_EQ(first_byte(read_a.value()), 'a');
+  EXPECT_EQ(first_byte(read_c.value()), 'c');
+}
+
+}  // namespace
+}  // namespace corma::cli
