@@ -1,6 +1,7 @@
 #include "file_fetch.hpp"
 
 #include "bench_support.hpp"
+#include "file_server.hpp"
 #include "file_resolver.hpp"
 #include "output_file.hpp"
 
@@ -98,30 +99,6 @@ double tcp_stream_seconds(const ServedDirectory& dir) {
   if (received != file_size) throw std::runtime_error("the TCP stream lost bytes");
   return seconds;
 }
-
-/// `corma serve` in this process: an owner serving `root` through the file
-/// resolver on a thread of its own, with `registry` (null: chunks only).
-struct FileServer {
-  asio::io_context io{1};
-  asio::executor_work_guard<asio::io_context::executor_type> work = asio::make_work_guard(io);
-  Owner owner;
-  asio::ip::tcp::acceptor acceptor{io, {asio::ip::make_address("127.0.0.1"), 0}};
-  std::thread thread;
-
-  FileServer(const std::filesystem::path& root, std::shared_ptr<Registry> registry)
-      : owner(io.get_executor(), std::move(registry), OwnerConfig{}) {
-    owner.set_resolver(must(cli::FileResolver::create(root), "file resolver"));
-    owner.serve(acceptor, asio::detached);
-    thread = std::thread([this] { io.run(); });
-  }
-  FileServer(const FileServer&) = delete;
-  FileServer& operator=(const FileServer&) = delete;
-  ~FileServer() {
-    stop_serving(io, owner, acceptor);
-    work.reset();
-    thread.join();
-  }
-};
 
 /// `corma get` in this process: a consumer of `server` on a thread of its
 /// own (the caller waits on futures), writing fetched files as they come.

@@ -5,6 +5,7 @@
 #include "bench_support.hpp"
 #include "fetch_many.hpp"
 #include "file_fetch.hpp"
+#include "owner_names.hpp"
 #include "raw_ucx.hpp"
 
 #include <corma/consumer.hpp>
@@ -545,6 +546,7 @@ std::vector<Measurement> run_scenarios(const Options& options) {
     keep(file_fetch_chunked(options));
     keep(file_fetch_windows(options));
   }
+  if (selected(options, "acquire_many")) keep(owner_name_cost(options));
   if (selected(options, "registry_bookkeeping")) {
     for (int threads : {1, 2, 8}) keep(registry_bookkeeping(options, threads));
   }
