@@ -75,7 +75,10 @@ struct OwnerConfig {
   /// what one answer frame holds (about 250).
   std::size_t max_batch_objects = 256;
   /// Leases the owner holds at once, over all connections; past it acquires
-  /// are answered `budget_exceeded`.
+  /// are answered `budget_exceeded`. Past half of it, a connection already
+  /// holding its share (max_leases / (2 x open connections)) is refused
+  /// too, so that a few connections can never fill it and leave a newcomer
+  /// without a lease.
   std::size_t max_leases = 65536;
   /// Open connections; past it a new connection is answered
   /// `budget_exceeded` ("too many connections") and closed.

@@ -21,7 +21,7 @@ std::size_t FairQueue::run(std::size_t budget) {
     clock_ = served;
     auto& queue = queues_.at(connection);
     const auto job = queue.jobs.front();
-    const auto units = std::max<std::size_t>(job->run(budget - done), 1);
+    const auto units = std::max<std::size_t>(job->run(std::min(budget - done, units_per_go)), 1);
     done += units;
     queue.served += units;
     if (job->finished()) queue.jobs.pop_front();

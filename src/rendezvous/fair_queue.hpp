@@ -37,14 +37,20 @@ class FairQueue {
  public:
   void push(std::uint64_t connection, std::shared_ptr<Job> job);
 
-  /// Runs jobs worth about `budget` units (a job's share may finish it past
-  /// the budget by less than one of its runs), fairest first; the units done.
+  /// A connection's job runs at most this many units before the next
+  /// connection in line has its go.
+  static constexpr std::size_t units_per_go = 4;
+
+  /// Runs jobs worth at most `budget` units, fairest first, each connection
+  /// at most `units_per_go` at a go; the units done.
   std::size_t run(std::size_t budget);
 
   /// Abandons every job queued for `connection`.
   void drop(std::uint64_t connection);
 
   [[nodiscard]] bool empty() const noexcept { return ready_.empty(); }
+  /// Connections with jobs queued.
+  [[nodiscard]] std::size_t ready() const noexcept { return ready_.size(); }
 
  private:
   struct Queue {

@@ -35,18 +35,33 @@ asio::any_io_executor Owner::executor() const { return state_->executor; }
 
 asio::awaitable<void> Owner::accept_loop(asio::ip::tcp::acceptor& acceptor) {
   auto state = state_;
+  auto admit = [&state](asio::ip::tcp::socket socket) {
+    if (state->connections.size() >= state->config.max_connections ||
+        state->handshakes >= state->config.max_handshakes) {
+      state->refuse(socket);
+      return;
+    }
+    asio::co_spawn(state->executor, state->session(std::move(socket)), asio::detached);
+  };
+  // Connections waiting to be accepted are taken many at a time: one per
+  // turn of the event loop would leave a newcomer behind every connection
+  // of a flood that arrived before it, each waiting for a whole turn.
+  boost::system::error_code ignored;
+  acceptor.non_blocking(true, ignored);
+  constexpr int accepts_per_turn = 256;
   while (!state->draining) {
     auto [ec, socket] = co_await acceptor.async_accept(asio::as_tuple(asio::use_awaitable));
     if (ec) {
       if (ec == asio::error::operation_aborted || !acceptor.is_open()) break;
       continue;  // a failed accept (out of descriptors, reset) does not end serving
     }
-    if (state->connections.size() >= state->config.max_connections ||
-        state->handshakes >= state->config.max_handshakes) {
-      state->refuse(socket);
-      continue;
+    admit(std::move(socket));
+    for (int more = 1; more < accepts_per_turn && !state->draining; ++more) {
+      boost::system::error_code none_left;
+      auto waiting = acceptor.accept(state->executor, none_left);
+      if (none_left) break;  // would block: the backlog is empty (or an accept failed: the loop retries)
+      admit(std::move(waiting));
     }
-    asio::co_spawn(state->executor, state->session(std::move(socket)), asio::detached);
   }
 }
 

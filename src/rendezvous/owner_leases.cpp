@@ -24,6 +24,24 @@ std::size_t Owner::State::leases_of(std::uint64_t session) const {
   return (it == session_leases.end() ? 0 : it->second.size()) + (under_way == acquiring.end() ? 0 : under_way->second);
 }
 
+std::optional<Error> Owner::State::lease_cap_refusal(std::uint64_t session) const {
+  const auto held = leases_of(session);
+  if (held >= config.max_leases_per_connection) return Error{errc::budget_exceeded, "too many leases on this connection"};
+  const auto total = leases.size() + acquiring_total;
+  if (total >= config.max_leases) {
+    return Error{errc::budget_exceeded,
+                 "the owner holds its maximum of " + std::to_string(config.max_leases) + " leases"};
+  }
+  // The upper half of the owner's leases is shared out: a few greedy
+  // connections cannot fill the cap and leave a newcomer nothing.
+  const auto share = std::max<std::size_t>(config.max_leases / (2 * std::max<std::size_t>(connections.size(), 1)), 1);
+  if (total >= config.max_leases / 2 && held >= share) {
+    return Error{errc::budget_exceeded, "the owner is more than half full of leases and this connection holds its "
+                                        "share (" + std::to_string(share) + ")"};
+  }
+  return std::nullopt;
+}
+
 void Owner::State::add_lease(std::uint64_t id, Lease lease) {
   session_leases[lease.session].insert(id);
   leases.emplace(id, std::move(lease));
@@ -59,14 +77,9 @@ Owner::State::PreparedAcquire Owner::State::prepare_acquire(std::uint64_t sessio
     ++stats.refused_requests;
     return error_reply(valid.error());
   }
-  if (leases_of(session) >= config.max_leases_per_connection) {
+  if (auto refused = lease_cap_refusal(session)) {
     ++stats.refused_requests;
-    return error_reply(Error{errc::budget_exceeded, "too many leases on this connection"});
-  }
-  if (leases.size() + acquiring_total >= config.max_leases) {
-    ++stats.refused_requests;
-    return error_reply(Error{errc::budget_exceeded,
-                             "the owner holds its maximum of " + std::to_string(config.max_leases) + " leases"});
+    return error_reply(*refused);
   }
   auto object = find(request.name);
   if (!object) {

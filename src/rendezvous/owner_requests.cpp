@@ -9,6 +9,8 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
+#include <algorithm>
+
 namespace corma {
 
 namespace asio = boost::asio;
@@ -199,7 +201,10 @@ asio::awaitable<void> Owner::State::dispatch() {
     // Once per turn, not per name: every name of the turn sees what changed
     // before its request arrived.
     if (refresh_resolver) refresh_resolver();
-    work.run(work_quantum);
+    // A turn gives every connection with work one go: a newcomer then waits
+    // for at most one go of each, in one turn, however many connections
+    // have work queued.
+    work.run(std::clamp(work.ready() * FairQueue::units_per_go, work_quantum, max_work_turn));
     // The connections' reads and writes (a newcomer's hello among them) go
     // before the next turn.
     co_await asio::post(executor, asio::use_awaitable);

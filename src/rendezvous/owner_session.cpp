@@ -91,10 +91,11 @@ asio::awaitable<void> Owner::State::session(asio::ip::tcp::socket socket) {
   const auto in_flight = std::max<std::size_t>(config.max_requests_in_flight, 1);
   const auto names_in_flight = std::max<std::size_t>(config.max_names_in_flight, 1);
   for (std::uint64_t served = 1; greeting.ok && connection->is_open() && !answers.failed(); ++served) {
-    // Frames already buffered are read without suspending: give the other
-    // connections their turn now and then, so that one client streaming
-    // requests cannot hold the owner.
-    if (served % 8 == 0) co_await asio::post(executor, asio::use_awaitable);
+    // Frames already buffered are read without suspending: each connection
+    // reads one frame per turn of the event loop, so that a turn stays
+    // short however many connections stream requests, and a newcomer's
+    // hello waits for at most one frame of each.
+    if (served > 1) co_await asio::post(executor, asio::use_awaitable);
     co_await answers.until_below(in_flight, names_in_flight);
     if (!connection->is_open()) break;
     auto frame = co_await connection->read(config.idle_timeout, config.io_timeout);

@@ -151,10 +151,12 @@ struct Owner::State : std::enable_shared_from_this<State> {
   OwnerStats stats;
   boost::asio::steady_timer reaper;
   /// Acquires and windows of every connection, taken in turns by cost
-  /// (fair_queue.hpp) by dispatch(), a turn of `work_quantum` names at a
-  /// time, each turn followed by the connections' I/O.
+  /// (fair_queue.hpp) by dispatch(), a turn at a time (one go for each
+  /// connection with work, within [work_quantum, max_work_turn] names),
+  /// each turn followed by the connections' I/O.
   rendezvous::FairQueue work;
   static constexpr std::size_t work_quantum = 64;
+  static constexpr std::size_t max_work_turn = 4096;
   /// Woken (cancelled) when work arrives while dispatch() waits for it.
   boost::asio::steady_timer work_arrived;
   bool dispatcher_waiting = false;
@@ -184,6 +186,11 @@ struct Owner::State : std::enable_shared_from_this<State> {
       --state.acquiring_total;
     }
   };
+
+  /// Why `session` may not take one more lease, if it may not: its own cap,
+  /// the owner's, or, once the owner holds half its cap, the connection's
+  /// share of it (max_leases / (2 x open connections)).
+  std::optional<Error> lease_cap_refusal(std::uint64_t session) const;
 
   void add_lease(std::uint64_t id, Lease lease);
 

@@ -2,14 +2,10 @@
 // hostile client do: files truncated, deleted or rewritten while served,
 // thousands of connections that announce huge frames and send nothing, and
 // a flood of leases. The server survives each and keeps serving others.
-#include "cli/processes.hpp"
+#include "cli/flood.hpp"
 
 #include "rendezvous/messages.hpp"
 
-#include <sys/resource.h>
-
-#include <cstring>
-#include <random>
 
 namespace {
 
@@ -18,52 +14,9 @@ namespace rv = corma::rendezvous;
 using namespace corma::cli::testing;
 using tcp = asio::ip::tcp;
 
-std::vector<char> random_bytes(std::size_t size, unsigned seed) {
-  std::vector<char> bytes(size);
-  std::mt19937_64 rng(seed);
-  for (std::size_t at = 0; at < size; at += 8) {
-    const auto word = rng();
-    std::memcpy(bytes.data() + at, &word, std::min<std::size_t>(8, size - at));
-  }
-  return bytes;
-}
-
-/// The resident set of a process, in bytes (VmRSS).
-std::uint64_t resident_bytes(pid_t pid) {
-  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
-  }
-  return 0;
-}
-
-/// Lets this process (and the server it starts) hold `fds` descriptors.
-void allow_descriptors(rlim_t fds) {
-  rlimit limit{};
-  ::getrlimit(RLIMIT_NOFILE, &limit);
-  limit.rlim_cur = std::min(std::max(limit.rlim_cur, fds), limit.rlim_max);
-  ::setrlimit(RLIMIT_NOFILE, &limit);
-}
-
 class HostileClients : public TwoProcesses {
  protected:
   asio::io_context io;
-
-  static unsigned short port_of(const Process& server, const std::string& marker) {
-    return static_cast<unsigned short>(std::stoi(port_after(server.captured, marker)));
-  }
-
-  /// Polls the server's metrics until `name` reaches `at_least`.
-  static bool wait_metric(unsigned short metrics_port, const std::string& name, std::uint64_t at_least,
-                          std::chrono::seconds limit = std::chrono::seconds(20)) {
-    const auto until = std::chrono::steady_clock::now() + limit;
-    while (std::chrono::steady_clock::now() < until) {
-      if (metric(http_get(metrics_port, "/metrics"), name) >= at_least) return true;
-      ::poll(nullptr, 0, 10);
-    }
-    return false;
-  }
 
   /// `corma get` of `path` into `out`; the exit status (nullopt: no exit in time).
   std::optional<int> get(const std::string& owner, const std::string& path, const fs::path& out,
@@ -169,42 +122,6 @@ TEST_F(HostileClients, TwoThousandHugeFramePrefixesCostLittleMemory) {
 #endif
   // Others are still served meanwhile.
   ASSERT_EQ(get("127.0.0.1:" + std::to_string(port), "small.bin", base / "small.out"), 0);
-}
-
-TEST_F(HostileClients, AFreshFetchIsQuickWhileAThousandConnectionsHoldSixtyFourLeasesEach) {
-  constexpr int flooders = 1000;
-  constexpr int leases_each = 64;
-  allow_descriptors(3 * flooders + 256);
-  write_file(root / "small.bin", random_bytes(10000, 5));
-  write_file(root / "fresh.bin", random_bytes(20000, 6));
-  // Leases that outlive the flood however slowly this machine takes it.
-  auto server = serve({"--max-connections", "2048", "--max-handshakes", "2048", "--lease-timeout", "120"});
-  const auto port = port_of(server, "listening on");
-  const auto metrics_port = port_of(server, "http://127.0.0.1");
-
-  // Every connection says hello and asks for 64 leases at once (pipelined).
-  std::vector<std::byte> requests;
-  auto append = [&](const rv::Frame& frame) {
-    auto bytes = rv::encode_frame(frame);
-    requests.insert(requests.end(), bytes.begin(), bytes.end());
-  };
-  append({1, rv::Hello{}});
-  for (int i = 0; i < leases_each; ++i) append({static_cast<std::uint64_t>(2 + i), rv::Acquire{"small.bin", false}});
-  std::vector<tcp::socket> sockets;
-  for (int i = 0; i < flooders; ++i) {
-    sockets.push_back(connect_raw(port));
-    asio::write(sockets.back(), asio::buffer(requests));
-  }
-  ASSERT_TRUE(wait_metric(metrics_port, "corma_owner_live_leases", flooders * leases_each, std::chrono::seconds(60)))
-      << metric(http_get(metrics_port, "/metrics"), "corma_owner_live_leases") << " leases";
-
-  const auto start = std::chrono::steady_clock::now();
-  ASSERT_EQ(get("127.0.0.1:" + std::to_string(port), "fresh.bin", base / "fresh.out"), 0);
-  const auto took = std::chrono::steady_clock::now() - start;
-  std::printf("[ figure ] fresh fetch while %d leases are held: %.0f ms (process start included)\n",
-              flooders * leases_each, std::chrono::duration<double, std::milli>(took).count());
-  EXPECT_LT(took, std::chrono::seconds(1));
-  EXPECT_TRUE(read_file(base / "fresh.out") == random_bytes(20000, 6));
 }
 
 TEST_F(HostileClients, SigtermWithFetchesInFlightExitsCleanlyWithNoRegistrationLeft) {

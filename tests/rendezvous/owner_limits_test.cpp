@@ -120,20 +120,52 @@ TEST_F(Rendezvous, ConnectionsPastTheCapAreRefusedUntilOneCloses) {
 
 TEST_F(Rendezvous, TheOwnerWideLeaseCapIsRefusedClearly) {
   auto config = quick_timeouts();
-  config.max_leases = 3;
+  config.max_leases = 4;
   start_owner(64 << 20, config);
   corma::testing::run(io, [&]() -> asio::awaitable<void> {
-    auto a = co_await said_hello(acceptor.local_endpoint());
-    auto b = co_await said_hello(acceptor.local_endpoint());
-    for (auto* client : {&a, &a, &b}) {
+    std::vector<RawClient> clients;
+    for (int i = 0; i < 4; ++i) clients.push_back(co_await said_hello(acceptor.local_endpoint()));
+    for (auto& client : clients) {  // one lease each: within every share
       auto acquire = message(rv::Acquire{"small", false});
-      auto granted = co_await client->ask(std::move(acquire));
+      auto granted = co_await client.ask(std::move(acquire));
       EXPECT_TRUE(granted && std::holds_alternative<rv::Chunked>(granted.value()));
     }
     auto acquire = message(rv::Acquire{"small", false});
-    auto refused = co_await b.ask(std::move(acquire));
+    auto refused = co_await clients.front().ask(std::move(acquire));
     EXPECT_TRUE(is_error(refused, errc::budget_exceeded));
-    EXPECT_EQ(owner->stats().live_leases, 3u);
+    auto* error = refused ? std::get_if<rv::ErrorReply>(&refused.value()) : nullptr;
+    EXPECT_TRUE(error != nullptr && error->detail.find("maximum of 4 leases") != std::string::npos);
+    EXPECT_EQ(owner->stats().live_leases, 4u);
+  }());
+}
+
+TEST_F(Rendezvous, PastHalfTheOwnersLeasesAConnectionHoldingItsShareIsRefusedAndANewcomerServed) {
+  auto config = quick_timeouts();
+  config.max_leases = 8;
+  start_owner(64 << 20, config);
+  corma::testing::run(io, [&]() -> asio::awaitable<void> {
+    auto greedy = co_await said_hello(acceptor.local_endpoint());
+    auto newcomer = co_await said_hello(acceptor.local_endpoint());
+    auto ask = [](RawClient& client) -> asio::awaitable<corma::Result<rv::Message>> {
+      auto acquire = message(rv::Acquire{"small", false});
+      co_return co_await client.ask(std::move(acquire));
+    };
+    // Half the owner's leases go to whoever asks first...
+    for (int i = 0; i < 4; ++i) {
+      auto granted = co_await ask(greedy);
+      EXPECT_TRUE(granted && std::holds_alternative<rv::Chunked>(granted.value()));
+    }
+    // ...the other half is shared: 8 / (2 x 2 connections) = 2 each.
+    auto refused = co_await ask(greedy);
+    EXPECT_TRUE(is_error(refused, errc::budget_exceeded));
+    auto* error = refused ? std::get_if<rv::ErrorReply>(&refused.value()) : nullptr;
+    EXPECT_TRUE(error != nullptr && error->detail.find("share") != std::string::npos);
+    for (int i = 0; i < 2; ++i) {
+      auto granted = co_await ask(newcomer);
+      EXPECT_TRUE(granted && std::holds_alternative<rv::Chunked>(granted.value())) << "the newcomer found no room";
+    }
+    EXPECT_TRUE(is_error(co_await ask(newcomer), errc::budget_exceeded));
+    EXPECT_EQ(owner->stats().live_leases, 6u);
   }());
 }
 
