@@ -30,6 +30,8 @@
 #include <iostream>
 #include <map>
 #include <random>
+#include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -422,4 +424,35 @@ TEST_F(TwoProcesses, VerbsServesOnADeviceOrRefusesSayingWhy) {
   ASSERT_TRUE(status.has_value()) << "serve kept running without a device";
   EXPECT_EQ(*status, 1);
   EXPECT_NE(server.captured.find(made.error().detail), std::string::npos) << server.captured;
+}
+
+namespace {
+
+/// The long options (`--name`) a `corma SUBCOMMAND --help` lists.
+std::set<std::string> options_in_help(const std::string& help) {
+  std::set<std::string> options;
+  const std::regex option("(^|[ ,])(--[a-z][a-z-]+)");
+  for (auto it = std::sregex_iterator(help.begin(), help.end(), option); it != std::sregex_iterator(); ++it) {
+    options.insert((*it)[2].str());
+  }
+  options.erase("--help");
+  return options;
+}
+
+}  // namespace
+
+TEST_F(TwoProcesses, TheUsageDocumentDescribesEveryFlagOfEveryCommand) {
+  std::ifstream file(CORMA_USAGE_DOC);
+  const std::string usage((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  ASSERT_FALSE(usage.empty()) << "cannot read " << CORMA_USAGE_DOC;
+  for (const char* command : {"serve", "get"}) {
+    auto help = Process::start({binary, command, "--help"});
+    ASSERT_EQ(help.wait_exit(std::chrono::seconds(10)), 0) << help.captured;
+    const auto options = options_in_help(help.captured);
+    EXPECT_GE(options.size(), 3u) << help.captured;
+    for (const auto& option : options) {
+      EXPECT_NE(usage.find("`" + option), std::string::npos)
+          << "docs/usage.md does not describe corma " << command << " " << option;
+    }
+  }
 }
