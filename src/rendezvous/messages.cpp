@@ -13,13 +13,6 @@ using wire::checked_length;
 using wire::Reader;
 using wire::Writer;
 
-template <class... Fs>
-struct Overloaded : Fs... {
-  using Fs::operator()...;
-};
-template <class... Fs>
-Overloaded(Fs...) -> Overloaded<Fs...>;
-
 // ---- shared field codecs ---------------------------------------------------
 
 /// u8 backend: a BackendId, 0 for none. Which ids exist is the backends'
@@ -429,62 +422,43 @@ Result<Message> widen(Result<T> decoded) {
   return Message{std::in_place_type<T>, std::move(value)};
 }
 
+Result<NotFound> get_not_found(Reader&) { return NotFound{}; }
+Result<Released> get_released(Reader&) { return Released{}; }
+
 Result<Message> get_payload(MessageType type, Reader& in) {
   switch (type) {
-    case MessageType::hello: return widen(get_hello(in));
-    case MessageType::hello_ok: return widen(get_hello_ok(in));
-    case MessageType::acquire: return widen(get_acquire(in));
-    case MessageType::rdma_grant: return widen(get_rdma_grant(in));
-    case MessageType::chunked: return widen(get_chunked(in));
-    case MessageType::not_found: return Message{NotFound{}};
-    case MessageType::pull: return widen(get_pull(in));
-    case MessageType::data: return widen(get_data(in));
-    case MessageType::renew: return widen(get_renew(in));
-    case MessageType::renewed: return widen(get_renewed(in));
-    case MessageType::release: return widen(get_release(in));
-    case MessageType::released: return Message{Released{}};
-    case MessageType::error: return widen(get_error(in));
-    case MessageType::acquire_many: return widen(get_acquire_many(in));
-    case MessageType::granted: return widen(get_granted(in));
-    case MessageType::release_many: return widen(get_release_many(in));
-    case MessageType::released_many: return widen(get_released_many(in));
-    case MessageType::rdma_window: return widen(get_rdma_window(in));
-    case MessageType::next_window: return widen(get_next_window(in));
+#define CORMA_MESSAGE_DECODER(value, name, Type) \
+  case MessageType::name: return widen(get_##name(in));
+    CORMA_RENDEZVOUS_MESSAGES(CORMA_MESSAGE_DECODER)
+#undef CORMA_MESSAGE_DECODER
   }
   return fail(errc::protocol, "unknown message type " + std::to_string(static_cast<unsigned>(type)));
 }
 
-bool known_type(std::uint8_t value) noexcept {
-  return value >= static_cast<std::uint8_t>(MessageType::hello) &&
-         value <= static_cast<std::uint8_t>(MessageType::next_window);
-}
+#define CORMA_MESSAGE_ENUMERATOR(value, name, Type) MessageType::name,
+/// Each message type, in the order of the list (and of Message's alternatives).
+constexpr MessageType types_in_order[] = {CORMA_RENDEZVOUS_MESSAGES(CORMA_MESSAGE_ENUMERATOR)};
+#undef CORMA_MESSAGE_ENUMERATOR
+static_assert(std::size(types_in_order) == std::variant_size_v<Message>);
 
-std::string_view type_name(MessageType type) noexcept {
-  switch (type) {
-    case MessageType::hello: return "hello";
-    case MessageType::hello_ok: return "hello_ok";
-    case MessageType::acquire: return "acquire";
-    case MessageType::rdma_grant: return "rdma_grant";
-    case MessageType::chunked: return "chunked";
-    case MessageType::not_found: return "not_found";
-    case MessageType::pull: return "pull";
-    case MessageType::data: return "data";
-    case MessageType::renew: return "renew";
-    case MessageType::renewed: return "renewed";
-    case MessageType::release: return "release";
-    case MessageType::released: return "released";
-    case MessageType::error: return "error";
-    case MessageType::acquire_many: return "acquire_many";
-    case MessageType::granted: return "granted";
-    case MessageType::release_many: return "release_many";
-    case MessageType::released_many: return "released_many";
-    case MessageType::rdma_window: return "rdma_window";
-    case MessageType::next_window: return "next_window";
+bool known_type(std::uint8_t value) noexcept {
+  for (auto type : types_in_order) {
+    if (static_cast<std::uint8_t>(type) == value) return true;
   }
-  return "unknown";
+  return false;
 }
 
 }  // namespace
+
+std::string_view type_name(MessageType type) noexcept {
+  switch (type) {
+#define CORMA_MESSAGE_NAME(value, name, Type) \
+  case MessageType::name: return #name;
+    CORMA_RENDEZVOUS_MESSAGES(CORMA_MESSAGE_NAME)
+#undef CORMA_MESSAGE_NAME
+  }
+  return "unknown";
+}
 
 std::string_view to_string(ChunkedReason reason) noexcept {
   switch (reason) {
@@ -500,30 +474,7 @@ std::string_view to_string(ChunkedReason reason) noexcept {
   return "unknown";
 }
 
-MessageType type_of(const Message& message) noexcept {
-  return std::visit(Overloaded{
-                        [](const Hello&) { return MessageType::hello; },
-                        [](const HelloOk&) { return MessageType::hello_ok; },
-                        [](const Acquire&) { return MessageType::acquire; },
-                        [](const RdmaGrant&) { return MessageType::rdma_grant; },
-                        [](const Chunked&) { return MessageType::chunked; },
-                        [](const NotFound&) { return MessageType::not_found; },
-                        [](const Pull&) { return MessageType::pull; },
-                        [](const Data&) { return MessageType::data; },
-                        [](const Renew&) { return MessageType::renew; },
-                        [](const Renewed&) { return MessageType::renewed; },
-                        [](const Release&) { return MessageType::release; },
-                        [](const Released&) { return MessageType::released; },
-                        [](const ErrorReply&) { return MessageType::error; },
-                        [](const AcquireMany&) { return MessageType::acquire_many; },
-                        [](const Granted&) { return MessageType::granted; },
-                        [](const ReleaseMany&) { return MessageType::release_many; },
-                        [](const ReleasedMany&) { return MessageType::released_many; },
-                        [](const RdmaWindow&) { return MessageType::rdma_window; },
-                        [](const NextWindow&) { return MessageType::next_window; },
-                    },
-                    message);
-}
+MessageType type_of(const Message& message) noexcept { return types_in_order[message.index()]; }
 
 namespace {
 

@@ -39,27 +39,38 @@ inline constexpr std::size_t max_batch_objects = 1024;
 /// a 1 MiB data chunk plus its headers.
 inline constexpr std::uint32_t default_max_frame_body = (1u << 20) + 64;
 
-enum class MessageType : std::uint8_t {
-  hello = 1,
-  hello_ok = 2,
-  acquire = 3,
-  rdma_grant = 4,
-  chunked = 5,
-  not_found = 6,
-  pull = 7,
-  data = 8,
-  renew = 9,
-  renewed = 10,
-  release = 11,
-  released = 12,
-  error = 13,
-  acquire_many = 14,
-  granted = 15,
-  release_many = 16,
-  released_many = 17,
-  rdma_window = 18,
-  next_window = 19,
-};
+// The protocol's single list of messages: the type enum, the Message
+// variant (in this order), each type's name, and the decoder's dispatch are
+// all generated from it, so a message is added in one place.
+//   X(wire value, name, payload type)
+// The name is also the decoder's: get_<name>(Reader&) in messages.cpp.
+#define CORMA_RENDEZVOUS_MESSAGES(X) \
+  X(1, hello, Hello)                 \
+  X(2, hello_ok, HelloOk)            \
+  X(3, acquire, Acquire)             \
+  X(4, rdma_grant, RdmaGrant)        \
+  X(5, chunked, Chunked)             \
+  X(6, not_found, NotFound)          \
+  X(7, pull, Pull)                   \
+  X(8, data, Data)                   \
+  X(9, renew, Renew)                 \
+  X(10, renewed, Renewed)            \
+  X(11, release, Release)            \
+  X(12, released, Released)          \
+  X(13, error, ErrorReply)           \
+  X(14, acquire_many, AcquireMany)   \
+  X(15, granted, Granted)            \
+  X(16, release_many, ReleaseMany)   \
+  X(17, released_many, ReleasedMany) \
+  X(18, rdma_window, RdmaWindow)     \
+  X(19, next_window, NextWindow)
+
+#define CORMA_MESSAGE_ENUMERATOR(value, name, Type) name = value,
+enum class MessageType : std::uint8_t { CORMA_RENDEZVOUS_MESSAGES(CORMA_MESSAGE_ENUMERATOR) };
+#undef CORMA_MESSAGE_ENUMERATOR
+
+/// The message's name as the protocol document spells it ("acquire_many").
+[[nodiscard]] std::string_view type_name(MessageType type) noexcept;
 
 /// Why an owner answered `chunked` instead of granting RDMA.
 enum class ChunkedReason : std::uint8_t {
@@ -181,9 +192,17 @@ inline constexpr std::size_t max_grant_size = 1 + 8 + 8 + 4 + 8 + 8 + 4 + Descri
 inline constexpr std::size_t max_grants_per_frame = (default_max_frame_body - frame_fixed_body - 2) / max_grant_size;
 static_assert(max_grants_per_frame >= 64 && max_grants_per_frame <= max_batch_objects);
 
-using Message = std::variant<Hello, HelloOk, Acquire, RdmaGrant, Chunked, NotFound, Pull, Data, Renew,
-                             Renewed, Release, Released, ErrorReply, AcquireMany, Granted, ReleaseMany,
-                             ReleasedMany, RdmaWindow, NextWindow>;
+/// std::variant of every type but the first (the list's expansion starts
+/// with a placeholder, so that each entry can bring its own comma).
+template <class First, class... Types>
+struct VariantOfRest {
+  using type = std::variant<Types...>;
+};
+
+#define CORMA_MESSAGE_TYPE(value, name, Type) , Type
+/// Every message, in the list's order.
+using Message = VariantOfRest<void CORMA_RENDEZVOUS_MESSAGES(CORMA_MESSAGE_TYPE)>::type;
+#undef CORMA_MESSAGE_TYPE
 
 struct Frame {
   std::uint64_t request_id = 0;
