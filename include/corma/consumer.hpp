@@ -33,6 +33,9 @@ struct ConsumerConfig {
   /// Chunked reads keep this many pulls on the wire at once (at least 1),
   /// so the owner's reads, the network and the copies here overlap.
   std::uint32_t pull_window = 8;
+  /// Fetches (of any kind) running at once on the connection, RDMA
+  /// transfers included; more wait their turn, in order. At least 1.
+  std::size_t max_fetches_in_flight = 16;
   /// The rendezvous protocol version offered in the hello: 2 (batches) by
   /// default; an owner that speaks only 1 answers with 1, and
   /// async_fetch_many then fetches one object at a time.
@@ -106,9 +109,11 @@ struct ConsumerStats {
 };
 
 /// One control connection to an owner. Fetches may be started concurrently
-/// from several coroutines; they take turns on the connection (an RDMA
-/// transfer holds its turn, so use several consumers for parallel transfers).
-/// Runs on one executor, like Owner.
+/// from several coroutines and run at once on the connection, RDMA
+/// transfers included (up to ConsumerConfig::max_fetches_in_flight): one
+/// reader hands each answer to the request it answers, and one lease keeper
+/// renews the leases of every fetch together. Runs on one executor, like
+/// Owner.
 ///
 /// Its operations are Asio initiating functions: any completion token
 /// (callbacks, `deferred`, `use_future`...), `use_awaitable` by default, so
@@ -138,9 +143,10 @@ class Consumer {
   /// loss of the owner itself (the connection closed, a renewal failed),
   /// which is answered `peer_unreachable` as soon as it is noticed; the lease
   /// is released in every outcome that leaves an owner to release it to. A
-  /// cancelled fetch answers `cancelled` at its next safe point, never
-  /// mid-request, so the fetches queued behind it keep the connection
-  /// (docs/protocol.md, "Cancelling a fetch").
+  /// cancelled fetch answers `cancelled` at once, wherever it is (waiting
+  /// for a place, for an answer, between pulls, during an RDMA get), and the
+  /// connection stays usable for every other fetch (docs/protocol.md,
+  /// "Cancelling a fetch").
   /// Completes with Result<Fetched>.
   template <class Token = DefaultToken>
   auto async_fetch(std::string name, Token&& token = {}) {

@@ -34,9 +34,7 @@ asio::awaitable<Result<std::unique_ptr<Consumer>>> Consumer::connect_and_greet(a
   if (auto [ec] = std::get<0>(connected); ec) {
     co_return fail(errc::peer_unreachable, "cannot connect to the owner: " + ec.message());
   }
-  state->connection = std::make_unique<FramedConnection>(std::move(socket), default_max_frame_body);
-  // Chunks arrive frame after frame: their buffer is kept, not made per chunk.
-  state->connection->keep_read_buffer_up_to(default_max_frame_body);
+  state->open(std::move(socket));
   CORMA_CO_TRY(co_await state->hello());
   co_return std::unique_ptr<Consumer>(new Consumer(std::move(state)));
 }
@@ -44,28 +42,14 @@ asio::awaitable<Result<std::unique_ptr<Consumer>>> Consumer::connect_and_greet(a
 Consumer::Consumer(std::shared_ptr<State> state) : state_(std::move(state)) {}
 
 Consumer::~Consumer() {
-  if (state_->connection) state_->connection->close();
+  state_->leases->stop();
+  state_->link->close();
   if (state_->peer && state_->registry) {
     state_->registry->backend()->async_peer_close(*state_->peer, [](Result<void>) {});
   }
 }
 
 namespace {
-
-/// Hands the connection's turn to the next fetch, however this one ends.
-struct GiveBack {
-  Consumer::State& s;
-  ~GiveBack();
-};
-
-/// Waits for the connection's turn. A fetch cancelled while it waits never
-/// held the turn and must not give one back: that would mint a second turn,
-/// and two fetches would then talk on one connection at once.
-asio::awaitable<Result<void>> take_turn(Consumer::State& state) {
-  auto [ec] = co_await state.turn.async_receive(as_result);
-  if (ec) co_return fail(errc::cancelled, "fetch cancelled while it waited for the connection");
-  co_return success();
-}
 
 /// Fresh memory for one fetch, allocated into `holder` when the fetch needs
 /// it; a transfer that outlives the fetch takes it over until its
@@ -82,8 +66,7 @@ Consumer::State::Destination fresh_buffer_in(OwnedBuffer& holder, ChunkSink sink
 }
 
 asio::awaitable<Result<Fetched>> fetch_new(std::shared_ptr<Consumer::State> state, std::string name) {
-  CORMA_CO_TRY(co_await take_turn(*state));
-  GiveBack give_back{*state};
+  CORMA_CO_TRY(const auto place, co_await state->fetches.enter());
   Fetched fetched;
   CORMA_CO_TRY(auto outcome, co_await state->fetch(std::move(name), fresh_buffer_in(fetched.data)));
   static_cast<FetchOutcome&>(fetched) = std::move(outcome);
@@ -115,8 +98,7 @@ Consumer::State::Destination landing_in(std::shared_ptr<const void>& held, Strea
 
 asio::awaitable<Result<FetchOutcome>> fetch_to(std::shared_ptr<Consumer::State> state, std::string name,
                                                StreamDestination destination) {
-  CORMA_CO_TRY(co_await take_turn(*state));
-  GiveBack give_back{*state};
+  CORMA_CO_TRY(const auto place, co_await state->fetches.enter());
   // Used only when the owner grants RDMA: the caller's landing memory, or
   // fresh memory handed to the sink.
   std::shared_ptr<const void> landing_keepalive;
@@ -129,8 +111,7 @@ asio::awaitable<Result<FetchOutcome>> fetch_to(std::shared_ptr<Consumer::State> 
 
 asio::awaitable<Result<FetchOutcome>> fetch_into(std::shared_ptr<Consumer::State> state, std::string name,
                                                  RegionGuard& destination) {
-  CORMA_CO_TRY(co_await take_turn(*state));
-  GiveBack give_back{*state};
+  CORMA_CO_TRY(const auto place, co_await state->fetches.enter());
   const auto registered = registered_destination(destination, 0, destination.size());
   co_return co_await state->fetch(std::move(name), registered);
 }
@@ -141,12 +122,9 @@ asio::awaitable<Result<ManyFetched>> fetch_many(std::shared_ptr<Consumer::State>
     co_return fail(errc::out_of_range, std::to_string(names.size()) + " names for " + std::to_string(slots.size()) +
                                            " destinations");
   }
-  CORMA_CO_TRY(co_await take_turn(*state));
-  GiveBack give_back{*state};
+  CORMA_CO_TRY(const auto place, co_await state->fetches.enter());
   co_return co_await state->fetch_many(std::move(names), std::move(slots));
 }
-
-GiveBack::~GiveBack() { s.turn.try_send(boost::system::error_code{}); }
 
 }  // namespace
 
@@ -175,6 +153,10 @@ asio::any_io_executor Consumer::executor() const { return state_->executor; }
 
 std::uint16_t Consumer::protocol_version() const noexcept { return state_->version; }
 bool Consumer::rdma_ready() const noexcept { return state_->peer.has_value(); }
-ConsumerStats Consumer::stats() const { return state_->stats; }
+ConsumerStats Consumer::stats() const {
+  auto stats = state_->stats;
+  stats.renewals = state_->leases->renewals();
+  return stats;
+}
 
 }  // namespace corma

@@ -23,21 +23,9 @@ namespace {
 
 constexpr auto as_result = asio::as_tuple(asio::use_awaitable);
 
-/// Runs `work` to its end, deaf to the caller's cancellation.
-template <class T>
-asio::awaitable<T> to_its_end(asio::any_io_executor executor, asio::awaitable<T> work) {
-  auto done = co_await asio::co_spawn(executor, detail::without_throwing(std::move(work)),
-                                      asio::bind_cancellation_slot(asio::cancellation_slot(), asio::use_awaitable));
-  co_return std::move(*done);
-}
-
 }  // namespace
 
 namespace rendezvous {
-
-Error from_reply(const ErrorReply& reply) {
-  return Error{std::error_code(reply.code, error_category()), "owner: " + reply.detail};
-}
 
 Error fetch_cancelled(std::string_view when) { return Error{errc::cancelled, "fetch cancelled " + std::string(when)}; }
 
@@ -72,82 +60,40 @@ Consumer::State::Destination registered_destination(RegionGuard& region, std::ui
 }
 
 Consumer::State::State(asio::any_io_executor ex, std::shared_ptr<Registry> r, ConsumerConfig c)
-    : executor(ex), registry(std::move(r)), config(std::move(c)), turn(ex, 1) {
-  turn.try_send(boost::system::error_code{});
+    : executor(ex), registry(std::move(r)), config(std::move(c)), fetches(ex, config.max_fetches_in_flight) {}
+
+Consumer::State::~State() {
+  if (leases) leases->stop();
+  if (link) link->close();
+}
+
+void Consumer::State::open(asio::ip::tcp::socket socket) {
+  link = std::make_shared<ConsumerLink>(std::move(socket), config.io_timeout);
+  leases = std::make_shared<LeaseKeeper>(link);
+  // The link outlives nothing it calls back into: the state holds it, and
+  // the state's destruction closes it first (no loss reported then).
+  link->start([this](const Error&) { owner_lost(); });
+  leases->start();
+}
+
+void Consumer::State::owner_lost() {
+  for (auto* transfer : transfers) transfer->emit(asio::cancellation_type::terminal);
+  leases->stop();
+  imported_keys.clear();  // gone with the peer
+  if (peer) {
+    registry->backend()->async_peer_close(*std::exchange(peer, std::nullopt), [](Result<void>) {});
+  }
+}
+
+std::optional<Error> Consumer::State::lost() const {
+  if (!link->lost()) return std::nullopt;
+  return Error{errc::peer_unreachable, "lost the owner during the transfer: " + link->lost()->message()};
 }
 
 // ---- requests -------------------------------------------------------------------
 
 asio::awaitable<Result<Message>> Consumer::State::request(Message message) {
-  CORMA_CO_TRY(const auto id, co_await send(std::move(message)));
-  co_return co_await answer_to(id);
-}
-
-asio::awaitable<Result<std::uint64_t>> Consumer::State::send(Message message) {
-  co_return co_await to_its_end(executor, write_request(std::move(message)));
-}
-
-asio::awaitable<Result<Message>> Consumer::State::answer_to(std::uint64_t id) {
-  unanswered.erase(id);
-  if (auto found = parked.find(id); found != parked.end()) {
-    auto answer = std::move(found->second);
-    parked.erase(found);
-    co_return answer;
-  }
-  co_return co_await to_its_end(executor, read_answer(id));
-}
-
-asio::awaitable<Result<std::uint64_t>> Consumer::State::write_request(Message message) {
-  if (!connection || !connection->is_open()) co_return fail(errc::peer_unreachable, "connection to the owner is closed");
-  const std::uint64_t id = next_request++;
-  Frame frame{id, std::move(message)};
-  if (auto written = co_await connection->write(frame, config.io_timeout); !written) {
-    connection->close();
-    co_return std::move(written).error();
-  }
-  unanswered.insert(id);
-  co_return id;
-}
-
-asio::awaitable<Result<Message>> Consumer::State::read_answer(std::uint64_t id) {
-  if (!connection || !connection->is_open()) co_return fail(errc::peer_unreachable, "connection to the owner is closed");
-  for (int stale = 0; stale < 16;) {
-    auto reply = co_await connection->read(config.io_timeout);
-    if (!reply) {
-      connection->close();
-      co_return std::move(reply).error();
-    }
-    const auto answered = reply.value().request_id;
-    // Request id 0 answers no request: the owner refuses the connection
-    // itself (too many connections) before closing it.
-    if (answered == 0) {
-      if (auto* error = std::get_if<ErrorReply>(&reply.value().message)) co_return from_reply(*error);
-    }
-    Result<Message> answer = std::move(reply.value().message);
-    if (auto* error = std::get_if<ErrorReply>(&answer.value())) answer = from_reply(*error);
-    if (answered == id) co_return answer;
-    if (unanswered.erase(answered) != 0) {
-      parked.emplace(answered, std::move(answer));  // a pipelined request's answer, for its reader
-    } else {
-      ++stale;  // an answer nobody waits for any more
-    }
-  }
-  connection->close();
-  co_return fail(errc::protocol, "owner keeps answering other requests");
-}
-
-asio::awaitable<bool> Consumer::State::park_next() {
-  auto reply = co_await to_its_end(executor, connection->read(config.io_timeout));
-  if (!reply) {
-    connection->close();
-    co_return false;
-  }
-  const auto answered = reply.value().request_id;
-  if (unanswered.erase(answered) == 0) co_return false;
-  Result<Message> answer = std::move(reply.value().message);
-  if (auto* error = std::get_if<ErrorReply>(&answer.value())) answer = from_reply(*error);
-  parked.emplace(answered, std::move(answer));
-  co_return true;
+  co_return co_await link->ask(std::move(message));
 }
 
 // ---- the chunked path -------------------------------------------------------------
@@ -163,24 +109,27 @@ asio::awaitable<Result<void>> Consumer::State::pull_all(std::uint64_t lease, std
   const std::size_t window = std::max<std::size_t>(config.pull_window, 1);
   std::uint64_t next = 0;
   std::uint64_t received = 0;
-  bool cancelled = false;
+  // The fetch ends early (cancelled, or a chunk refused): the answers to
+  // the pulls still asked are dropped when they come.
+  auto forget_asked = [&] {
+    for (const auto& behind : asked) link->forget(behind.id);
+  };
   while (received < size) {
-    cancelled = cancelled || co_await cancelled_here();
-    while (!cancelled && asked.size() < window && next < size) {
+    if (co_await cancelled_here()) {
+      forget_asked();
+      co_return fetch_cancelled("during the chunked read");
+    }
+    while (asked.size() < window && next < size) {
       const auto len = static_cast<std::uint32_t>(std::min<std::uint64_t>(chunk, size - next));
-      CORMA_CO_TRY(const auto id, co_await send(Pull{lease, next, len}));
-      asked.push_back(Asked{id, next, len});
+      asked.push_back(Asked{link->send(Pull{lease, next, len}), next, len});
       next += len;
     }
-    if (asked.empty()) co_return fetch_cancelled("during the chunked read");
     const Asked pull = asked.front();
     asked.pop_front();
-    auto reply = co_await answer_to(pull.id);
+    auto reply = co_await link->answer(pull.id);
     auto taken = take_chunk(pull.offset, pull.len, std::move(reply), write);
     if (!taken) {
-      // The fetch ends here; the answers to the pulls behind it are read
-      // first, so the connection stays in step (a closed one answers at once).
-      for (const auto& behind : asked) (void)co_await answer_to(behind.id);
+      forget_asked();
       co_return std::move(taken).error();
     }
     received += pull.len;
@@ -194,8 +143,9 @@ Result<void> Consumer::State::take_chunk(std::uint64_t offset, std::uint32_t len
   CORMA_TRY(auto message, std::move(reply));
   auto* data = std::get_if<Data>(&message);
   if (data == nullptr || data->offset != offset || data->bytes.size() != len) {
-    connection->close();
-    return fail(errc::protocol, "owner answered a pull with the wrong bytes");
+    Error wrong{errc::protocol, "owner answered a pull with the wrong bytes"};
+    link->give_up(wrong);
+    return wrong;
   }
   return write(offset, data->bytes);
 }
@@ -209,94 +159,47 @@ asio::awaitable<Result<void>> Consumer::State::release(std::uint64_t lease) {
 
 // ---- the RDMA path -------------------------------------------------------------------
 
-asio::awaitable<Error> Consumer::State::give_up_owner(const Error& why, asio::cancellation_signal& cancel) {
-  owner_lost = Error{errc::peer_unreachable, "lost the owner during the transfer: " + why.message()};
-  cancel.emit(asio::cancellation_type::terminal);
-  if (peer) {
-    const auto gone = *std::exchange(peer, std::nullopt);
-    imported_keys.clear();  // gone with the peer
-    (void)co_await registry->backend()->async_peer_close(gone, asio::use_awaitable);
-  }
-  co_return *owner_lost;
-}
-
-asio::awaitable<Result<void>> Consumer::State::renew(std::span<const std::uint64_t> leases) {
-  std::vector<std::uint64_t> asked;
-  asked.reserve(leases.size());
-  Result<void> outcome = success();
-  for (auto lease : leases) {
-    auto id = co_await send(Renew{lease});
-    if (!id) {
-      outcome = std::move(id).error();
-      break;
-    }
-    asked.push_back(id.value());
-  }
-  // Every answer asked for is read, so the connection stays in step.
-  for (auto id : asked) {
-    auto renewed = co_await answer_to(id);
-    if (renewed) {
-      ++stats.renewals;
-    } else if (outcome) {
-      outcome = std::move(renewed).error();
-    }
-  }
-  co_return outcome;
-}
-
-asio::awaitable<std::optional<Error>> Consumer::State::supervise_transfer(std::span<const std::uint64_t> leases,
-                                                                         std::uint32_t lease_timeout_ms,
-                                                                         const StartTransfer& start) {
-  const auto interval = std::clamp(std::chrono::milliseconds(lease_timeout_ms / 3), std::chrono::milliseconds(10),
-                                   std::chrono::milliseconds(1000));
-  asio::steady_timer wake(executor);
+asio::awaitable<std::optional<Error>> Consumer::State::run_transfer(const StartTransfer& start) {
+  asio::steady_timer wake(executor, asio::steady_timer::time_point::max());
   asio::cancellation_signal cancel;
   bool answered = false;
+  // Listed while it runs: a lost owner cancels it.
+  struct Listed {
+    std::set<asio::cancellation_signal*>& transfers;
+    std::set<asio::cancellation_signal*>::iterator at;
+    ~Listed() { transfers.erase(at); }
+  } listed{transfers, transfers.insert(&cancel).first};
   start(cancel.slot(), [&answered, &wake] {
     answered = true;
     wake.cancel();
   });
   std::optional<Error> stopped;  // why the transfer was cancelled
-  bool keep_deadline = false;      // the timer already runs towards the next renewal
+  if (auto gone = lost()) {
+    stopped = std::move(gone);
+    cancel.emit(asio::cancellation_type::terminal);
+  }
   while (!answered) {
-    if (stopped) {
-      // Only the transfer's answer is awaited now (it wakes this).
-      wake.expires_at(asio::steady_timer::time_point::max());
-      co_await wake.async_wait(as_result);
-      continue;
-    }
-    // The connection is watched between renewals too. The owner sends
-    // nothing unasked, so a readable connection means a pipelined request
-    // was answered (parked for its reader), or else the connection ended (a
-    // dead owner's kernel closes it at once) or the owner refused
-    // something: the renewal then goes out at once, and reading its answer tells.
-    if (!keep_deadline) wake.expires_after(interval);
-    auto woke = co_await (wake.async_wait(as_result) ||
-                          connection->socket().async_wait(asio::socket_base::wait_read, as_result));
-    keep_deadline = false;
-    if (answered) continue;
-    const bool readable = woke.index() == 1 && !std::get<0>(std::get<1>(woke));
-    if (readable && !unanswered.empty() && !co_await cancelled_here() && co_await park_next()) {
-      keep_deadline = true;
-      continue;
-    }
-    if (co_await cancelled_here()) {
+    // Woken by the transfer's answer, or by the fetch's cancellation (the
+    // owner's loss cancels the transfer, which then answers).
+    (void)co_await wake.async_wait(as_result);
+    if (answered || stopped) continue;
+    if (auto gone = lost()) {
+      stopped = std::move(gone);
+    } else if (co_await cancelled_here()) {
       stopped = fetch_cancelled("during the rdma get");
       cancel.emit(asio::cancellation_type::terminal);
-      continue;
     }
-    auto renewed = co_await renew(leases);
-    if (!renewed) stopped = co_await give_up_owner(renewed.error(), cancel);
   }
+  if (!stopped) stopped = lost();
   co_return stopped;
 }
 
 asio::awaitable<Result<void>> Consumer::State::read_remote(const std::vector<std::byte>& descriptor_bytes,
-                                                           std::uint64_t len, std::uint64_t lease,
-                                                           std::uint32_t lease_timeout_ms, RegionGuard& guard,
+                                                           std::uint64_t len, RegionGuard& guard,
                                                            std::uint64_t offset) {
   CORMA_CO_TRY(auto descriptor, decode_descriptor(descriptor_bytes));
   if (descriptor.len != len) co_return fail(errc::protocol, "descriptor length differs from what was granted");
+  if (!peer) co_return fail(errc::peer_unreachable, "no RDMA peer for this owner");
   std::optional<Result<void>> got;
   const auto remote = to_remote_region(descriptor);
   const StartTransfer start = [&](asio::cancellation_slot slot, std::function<void()> answered) {
@@ -307,15 +210,9 @@ asio::awaitable<Result<void>> Consumer::State::read_remote(const std::vector<std
                           answered();
                         })));
   };
-  const std::uint64_t leases[] = {lease};
-  auto stopped = co_await supervise_transfer(leases, lease_timeout_ms, start);
+  auto stopped = co_await run_transfer(start);
   if (!*got && stopped) co_return std::move(*stopped);
   co_return std::move(*got);
-}
-
-asio::awaitable<Result<void>> Consumer::State::rdma_get_into(const RdmaGrant& grant, RegionGuard& guard,
-                                                             std::uint64_t offset) {
-  co_return co_await read_remote(grant.descriptor, grant.size, grant.lease, grant.lease_timeout_ms, guard, offset);
 }
 
 asio::awaitable<Result<void>> Consumer::State::read_windows(const RdmaWindow& first, RegionGuard& guard,
@@ -326,8 +223,7 @@ asio::awaitable<Result<void>> Consumer::State::read_windows(const RdmaWindow& fi
     if (window.lease != first.lease || window.size != first.size || window.offset != expected) {
       co_return fail(errc::protocol, "owner lent a window other than the next one");
     }
-    CORMA_CO_TRY(co_await read_remote(window.descriptor, window.window_len, window.lease, window.lease_timeout_ms,
-                                      guard, base + window.offset));
+    CORMA_CO_TRY(co_await read_remote(window.descriptor, window.window_len, guard, base + window.offset));
     ++windows;
     if (sink) {
       CORMA_CO_TRY(sink(window.offset, guard.bytes().subspan(base + window.offset, window.window_len)));
@@ -397,24 +293,30 @@ asio::awaitable<Result<FetchOutcome>> Consumer::State::fetch(std::string name, c
   FetchOutcome fetched;
   std::uint64_t lease = 0;
   std::uint32_t chunk = fallback_chunk;
+  std::uint32_t lease_timeout_ms = 0;
   if (auto* chunked = std::get_if<Chunked>(&reply)) {
     lease = chunked->lease;
     fetched.size = chunked->size;
     fetched.reason = to_string(chunked->reason);
     chunk = chunked->chunk_size;
+    lease_timeout_ms = chunked->lease_timeout_ms;
   } else if (auto* grant = std::get_if<RdmaGrant>(&reply)) {
     lease = grant->lease;
     fetched.size = grant->size;
+    lease_timeout_ms = grant->lease_timeout_ms;
   } else if (auto* window = std::get_if<RdmaWindow>(&reply)) {
     lease = window->lease;
     fetched.size = window->size;
+    lease_timeout_ms = window->lease_timeout_ms;
   } else {
     co_return fail(errc::protocol, "owner answered an acquire with something else");
   }
   const auto* grant = std::get_if<RdmaGrant>(&reply);
   const auto* window = std::get_if<RdmaWindow>(&reply);
+  // Renewed with the connection's other leases until it is released.
+  const auto kept = leases->keep(lease, lease_timeout_ms);
   if (co_await cancelled_here()) {
-    (void)co_await release(lease);
+    link->send_unawaited(Release{lease});
     co_return fetch_cancelled("after the owner granted it");
   }
   // A streamed chunked fetch needs no memory of its own.
@@ -429,7 +331,7 @@ asio::awaitable<Result<FetchOutcome>> Consumer::State::fetch(std::string name, c
     // (unless they landed where they belong).
     ChunkSink rdma_sink = destination.rdma_lands_for_good ? ChunkSink{} : destination.sink;
     const ReadInto read = [&](RegionGuard& guard, std::uint64_t base) {
-      return grant != nullptr ? rdma_get_into(*grant, guard, base)
+      return grant != nullptr ? read_remote(grant->descriptor, grant->size, guard, base)
                               : read_windows(*window, guard, base, rdma_sink, fetched.windows);
     };
     // (Not a conditional expression: g++ 12 mishandles co_await inside one.)
@@ -460,6 +362,12 @@ asio::awaitable<Result<FetchOutcome>> Consumer::State::fetch(std::string name, c
       }
     }
     if (got && rdma_sink && grant != nullptr) got = rdma_sink(0, into.value().first(fetched.size));
+    // The owner let the lease lapse during the read: the bytes may have
+    // been let go meanwhile, and no chunks can follow on it.
+    if (auto lapsed = kept.lost()) {
+      link->send_unawaited(Release{lease});
+      co_return std::move(*lapsed);
+    }
     if (got) {
       if (config.on_progress && grant != nullptr) config.on_progress(fetched.size, fetched.size);
       fetched.path = Path::rdma;
@@ -469,9 +377,9 @@ asio::awaitable<Result<FetchOutcome>> Consumer::State::fetch(std::string name, c
     }
     // No fallback from a lost owner: its chunks would come over the
     // connection that just ended (and the lease died with it).
-    if (owner_lost) co_return *owner_lost;
+    if (auto gone = lost()) co_return std::move(*gone);
     if (co_await cancelled_here()) {
-      (void)co_await release(lease);
+      link->send_unawaited(Release{lease});
       co_return std::move(got).error();
     }
     // Exactly one fallback: the chunked path on the same lease, into
@@ -487,9 +395,11 @@ asio::awaitable<Result<FetchOutcome>> Consumer::State::fetch(std::string name, c
   // Named, not a temporary inside the co_await: g++ 12 destroys those twice.
   const ChunkSink write = destination.sink ? destination.sink : copy_into(into.value());
   auto pulled = co_await pull_all(lease, fetched.size, chunk, write);
-  auto released = co_await release(lease);
-  if (!pulled) co_return std::move(pulled).error();
-  CORMA_CO_TRY(released);
+  if (!pulled) {
+    link->send_unawaited(Release{lease});  // the fetch is answered without waiting for that
+    co_return std::move(pulled).error();
+  }
+  CORMA_CO_TRY(co_await release(lease));
   fetched.path = Path::chunked;
   ++stats.decisions.chunked_by_reason[fetched.fell_back ? "rdma_failed" : fetched.reason];
   co_return fetched;

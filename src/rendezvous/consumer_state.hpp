@@ -1,16 +1,16 @@
 // The state of one Consumer and the steps of a fetch: requests on the
-// connection, chunked reads, RDMA gets supervised by lease renewals, and
-// releases. consumer.cpp holds the public operations and the connection's
-// turn; fetch_many.cpp the batch of many objects.
+// connection, chunked reads, RDMA gets, and releases. consumer.cpp holds the
+// public operations; fetch_many.cpp the batch of many objects.
 #pragma once
 
-#include "framed_connection.hpp"
+#include "consumer_link.hpp"
+#include "in_flight_limit.hpp"
+#include "lease_keeper.hpp"
 
 #include <corma/consumer.hpp>
 #include <corma/descriptor.hpp>
 
 #include <boost/asio/cancellation_signal.hpp>
-#include <boost/asio/experimental/channel.hpp>
 
 #include <cstdint>
 #include <functional>
@@ -32,7 +32,6 @@ inline constexpr std::uint32_t fallback_chunk = 256 * 1024;
 /// Keys a consumer keeps imported for its owner; past it they are all let go.
 inline constexpr std::size_t max_imported_keys = 4096;
 
-[[nodiscard]] Error from_reply(const ErrorReply& reply);
 [[nodiscard]] Error fetch_cancelled(std::string_view when);
 /// Whether the fetch running on this coroutine thread has been cancelled.
 [[nodiscard]] boost::asio::awaitable<bool> cancelled_here();
@@ -47,7 +46,13 @@ struct Consumer::State {
   boost::asio::any_io_executor executor;
   std::shared_ptr<Registry> registry;
   ConsumerConfig config;
-  std::unique_ptr<rendezvous::FramedConnection> connection;
+  /// The connection: one reader routing answers by request id, one writer
+  /// (consumer_link.hpp); any number of fetches talk on it at once.
+  std::shared_ptr<rendezvous::ConsumerLink> link;
+  /// Renews every lease the fetches hold, together (lease_keeper.hpp).
+  std::shared_ptr<rendezvous::LeaseKeeper> leases;
+  /// Fetches running at once; the others wait (ConsumerConfig::max_fetches_in_flight).
+  rendezvous::InFlightLimit fetches;
   std::optional<PeerId> peer;
   /// The protocol version agreed in the hello, and the owner's batch limit
   /// (version 2 on).
@@ -56,47 +61,37 @@ struct Consumer::State {
   /// Remote keys imported for `peer`, by their packed bytes: a key packed the
   /// same way names the same memory, so it is imported once.
   std::map<PackedKey, RemoteKeyId> imported_keys;
-  std::uint64_t next_request = 1;
-  /// Requests sent whose answers have not been read yet, and answers that
-  /// came while another one was being waited for (the owner works on a
-  /// connection's requests concurrently: any answer may arrive first).
-  std::set<std::uint64_t> unanswered;
-  std::map<std::uint64_t, Result<Message>> parked;
-  /// Why the owner was given up during a transfer, once it was: the
-  /// connection is closed and nothing more is asked of that owner.
-  std::optional<Error> owner_lost;
-  // One token: whoever holds it talks on the connection.
-  boost::asio::experimental::channel<void(boost::system::error_code)> turn;
+  /// The RDMA transfers running now: when the owner is lost each is
+  /// cancelled (terminal), so that none waits for a dead peer.
+  std::set<boost::asio::cancellation_signal*> transfers;
   ConsumerStats stats;
 
   State(boost::asio::any_io_executor ex, std::shared_ptr<Registry> r, ConsumerConfig c);
+  State(const State&) = delete;
+  State& operator=(const State&) = delete;
+  /// Closes the connection (its reader and lease keeper end with it).
+  ~State();
+
+  /// Starts the connection's reader and lease keeper over `socket`.
+  void open(boost::asio::ip::tcp::socket socket);
+  /// The owner is gone: every transfer is cancelled, the backend's peer
+  /// closed (so that it ends what its provider can end, and answers the
+  /// rest as unreachable), and the keys imported for it dropped.
+  void owner_lost();
+  /// Why the owner was lost, if it was.
+  [[nodiscard]] std::optional<Error> lost() const;
 
   // ---- requests ---------------------------------------------------------------
 
-  /// Sends one request and waits for the answer with the same id. A request
-  /// that does not end with its answer (a failed write or read, a deadline)
-  /// closes the connection: a half-written frame cannot be taken back, and
-  /// an unanswered request must never share the wire with the next one. A
-  /// cancelled fetch therefore never interrupts a request: it stops once the
-  /// answer is in (at most io_timeout later), and the connection stays in
-  /// step for the fetches queued behind it.
+  /// Sends one request and waits for its answer (link->ask).
   Awaitable<Result<Message>> request(Message message);
-  /// Writes one request (to its end); its id, for answer_to(). Several may
-  /// be sent before their answers are read; the owner may answer them in
-  /// any order.
-  Awaitable<Result<std::uint64_t>> send(Message message);
-  /// Reads the answer to request `id` (to its end): answers to other
-  /// requests still unanswered are parked for their readers, stale ones
-  /// skipped. Every request sent is answered this way (or by the
-  /// connection closing).
-  Awaitable<Result<Message>> answer_to(std::uint64_t id);
 
   // ---- the chunked path ---------------------------------------------------------
 
   /// Reads the object in chunks, keeping up to `pull_window` pulls on the
   /// wire so that the owner's reads, the network and our copies overlap.
-  /// A cancelled fetch stops asking and reads the answers already asked
-  /// for, so the connection stays in step.
+  /// A cancelled fetch stops asking at once (the answers to pulls already
+  /// asked are dropped when they come).
   Awaitable<Result<void>> pull_all(std::uint64_t lease, std::uint64_t size, std::uint32_t chunk,
                                    const ChunkSink& write);
 
@@ -112,23 +107,15 @@ struct Consumer::State {
   /// function to call on the consumer's executor once it has answered.
   using StartTransfer = std::function<void(boost::asio::cancellation_slot, std::function<void()>)>;
 
-  /// Runs a transfer while keeping `leases` alive: renewing them at least
-  /// every second (a third of the lease timeout), watching the connection in
-  /// between, which bounds how long a dead owner goes unnoticed. When the
-  /// owner is lost, or the fetch is cancelled, the transfer is cancelled
-  /// (terminal) rather than left to its own deadline. Returns once the
-  /// transfer has answered: why it was stopped, or nothing.
-  Awaitable<std::optional<Error>> supervise_transfer(std::span<const std::uint64_t> leases,
-                                                     std::uint32_t lease_timeout_ms, const StartTransfer& start);
+  /// Runs a transfer to its answer. When the owner is lost, or the fetch is
+  /// cancelled, the transfer is cancelled (terminal) rather than left to its
+  /// own deadline; the leases it reads are kept alive meanwhile by the
+  /// lease keeper. Returns why it was stopped, or nothing.
+  Awaitable<std::optional<Error>> run_transfer(const StartTransfer& start);
 
-  /// Gets the `len` bytes a descriptor names into `guard` at `offset`,
-  /// supervised (keeping `lease` alive).
+  /// Gets the `len` bytes a descriptor names into `guard` at `offset`.
   Awaitable<Result<void>> read_remote(const std::vector<std::byte>& descriptor, std::uint64_t len,
-                                      std::uint64_t lease, std::uint32_t lease_timeout_ms, RegionGuard& guard,
-                                      std::uint64_t offset);
-  /// Gets the granted object into `guard` at `offset`.
-  Awaitable<Result<void>> rdma_get_into(const rendezvous::RdmaGrant& grant, RegionGuard& guard,
-                                        std::uint64_t offset);
+                                      RegionGuard& guard, std::uint64_t offset);
   /// Reads an object lent in windows into `guard` at `base`: each window
   /// where it belongs, then the next one asked for, until the object is
   /// whole; `sink` (may be empty) is handed each window as it lands.
@@ -172,22 +159,10 @@ struct Consumer::State {
   Awaitable<Result<void>> hello();
 
  private:
-  Awaitable<Result<std::uint64_t>> write_request(Message message);
-  /// Reads the one answer that came while a transfer runs: true when it is
-  /// a pipelined request's, parked for its reader; false for anything else
-  /// (the connection ended, or the owner said something unasked).
-  Awaitable<bool> park_next();
-  Awaitable<Result<Message>> read_answer(std::uint64_t id);
   /// Checks the answer to a pull of [offset, offset + len) and hands its
-  /// bytes to `write`. Wrong bytes close the connection: answers still on
-  /// the wire would be out of step.
+  /// bytes to `write`. Wrong bytes end the connection: the owner is not
+  /// speaking the protocol.
   Result<void> take_chunk(std::uint64_t offset, std::uint32_t len, Result<Message> reply, const ChunkSink& write);
-  /// Renews every lease of `leases` (pipelined).
-  Awaitable<Result<void>> renew(std::span<const std::uint64_t> leases);
-  /// The owner is gone: the transfer that depends on it is cancelled
-  /// (terminal) and the peer closed, so that the backend ends what its
-  /// provider can end and answers the rest as unreachable.
-  Awaitable<Error> give_up_owner(const Error& why, boost::asio::cancellation_signal& cancel);
   /// Where the object goes; when it has nowhere to go, the lease is released.
   Awaitable<Result<std::span<std::byte>>> span_to_fill(const Destination& destination, std::uint64_t lease,
                                                        std::uint64_t size);

@@ -42,6 +42,9 @@ struct Batch {
   std::uint64_t acquire = 0;
   Granted granted;
   std::vector<Leased> leased;
+  /// The leases granted, renewed with the connection's others until the
+  /// batch is released.
+  std::vector<LeaseKeeper::Ticket> kept;
   std::optional<std::uint64_t> release;
 };
 
@@ -132,13 +135,7 @@ class ManyFetch {
       acquire.names.push_back(name);
       batch.indices.push_back(pending_[next_++]);
     }
-    auto sent = co_await s_.send(std::move(acquire));
-    if (!sent) {
-      fail_batch(batch, sent.error());
-      ended_ = std::move(sent).error();
-      co_return std::nullopt;
-    }
-    batch.acquire = sent.value();
+    batch.acquire = s_.link->send(std::move(acquire));
     co_return batch;
   }
 
@@ -150,17 +147,17 @@ class ManyFetch {
   /// has not, and what does not fit its slot (leased all the same, released
   /// with the rest).
   asio::awaitable<void> take_grants(Batch& batch) {
-    auto reply = co_await s_.answer_to(batch.acquire);
+    auto reply = co_await s_.link->answer(batch.acquire);
     if (!reply) {
       fail_batch(batch, reply.error());
       // An owner refusing the batch (its limits) keeps the connection.
-      if (!s_.connection->is_open()) ended_ = std::move(reply).error();
+      if (!s_.link->is_open()) ended_ = std::move(reply).error();
       co_return;
     }
     auto* granted = std::get_if<Granted>(&reply.value());
     if (granted == nullptr || granted->grants.size() != batch.indices.size()) {
-      s_.connection->close();
       ended_ = Error{errc::protocol, "owner answered acquire_many with something else"};
+      s_.link->give_up(*ended_);
       fail_batch(batch, *ended_);
       co_return;
     }
@@ -184,17 +181,18 @@ class ManyFetch {
         object.outcome.size = chunked->size;
         object.outcome.reason = to_string(chunked->reason);
         object.needs_chunks = true;
-        lease_timeout_ms_ = std::min(lease_timeout_ms_, chunked->lease_timeout_ms);
+        batch.kept.push_back(s_.leases->keep(chunked->lease, chunked->lease_timeout_ms));
       } else if (auto* window = std::get_if<RdmaWindow>(&grant)) {
         object.lease = window->lease;
         object.window = window;
         object.outcome.size = window->size;
+        batch.kept.push_back(s_.leases->keep(window->lease, window->lease_timeout_ms));
       } else {
         const auto& rdma = std::get<RdmaGrant>(grant);
         object.lease = rdma.lease;
         object.rdma = &rdma;
         object.outcome.size = rdma.size;
-        lease_timeout_ms_ = std::min(lease_timeout_ms_, rdma.lease_timeout_ms);
+        batch.kept.push_back(s_.leases->keep(rdma.lease, rdma.lease_timeout_ms));
       }
       if (object.outcome.size > slots_[i].capacity) {
         object.failed = Error{errc::out_of_range, "object of " + std::to_string(object.outcome.size) +
@@ -225,7 +223,7 @@ class ManyFetch {
         continue;
       }
       object.failed = pulled.error();
-      if (pulled.error().is(errc::cancelled) || !s_.connection->is_open()) ended_ = pulled.error();
+      if (pulled.error().is(errc::cancelled) || !s_.link->is_open()) ended_ = pulled.error();
     }
   }
 
@@ -260,9 +258,7 @@ class ManyFetch {
                 answered();
               })));
     };
-    std::vector<std::uint64_t> leases;
-    for (const auto* object : reading) leases.push_back(object->lease);
-    auto stopped = co_await s_.supervise_transfer(leases, lease_timeout_ms_, start);
+    auto stopped = co_await s_.run_transfer(start);
     if (stopped) ended_ = std::move(stopped);
     // Which reads failed: all of them when the batch itself did.
     std::vector<std::optional<Error>> failed(reading.size());
@@ -299,8 +295,8 @@ class ManyFetch {
     auto got = co_await s_.read_windows(*first, *slot.region, slot.offset, {}, object.outcome.windows);
     if (got) {
       object.outcome.path = Path::rdma;
-    } else if (s_.owner_lost || got.error().is(errc::cancelled)) {
-      ended_ = s_.owner_lost.value_or(got.error());
+    } else if (s_.lost() || got.error().is(errc::cancelled)) {
+      ended_ = s_.lost().value_or(got.error());
       object.failed = ended_;
     } else {
       object.needs_chunks = true;
@@ -326,11 +322,10 @@ class ManyFetch {
   /// Hands a batch's leases back in one request (its answer is read by
   /// finish(), once the next batch is under way).
   asio::awaitable<void> send_release(Batch& batch) {
-    if (batch.leased.empty() || s_.owner_lost || !s_.connection->is_open()) co_return;
+    if (batch.leased.empty() || !s_.link->is_open()) co_return;
     ReleaseMany message;
     for (const auto& object : batch.leased) message.leases.push_back(object.lease);
-    auto sent = co_await s_.send(std::move(message));
-    if (sent) batch.release = sent.value();
+    batch.release = s_.link->send(std::move(message));
   }
 
   /// Settles a batch's outcomes once its release is answered. The owner
@@ -341,7 +336,7 @@ class ManyFetch {
   asio::awaitable<void> finish(Batch& batch) {
     std::vector<std::uint16_t> codes;
     if (batch.release) {
-      auto reply = co_await s_.answer_to(*batch.release);
+      auto reply = co_await s_.link->answer(*batch.release);
       auto* released = reply ? std::get_if<ReleasedMany>(&reply.value()) : nullptr;
       if (released != nullptr && released->codes.size() == batch.leased.size()) codes = std::move(released->codes);
     }
@@ -370,7 +365,6 @@ class ManyFetch {
   ManyFetched outcomes_;
   std::vector<std::size_t> pending_;  ///< objects with a valid name and slot, in order
   std::size_t next_ = 0;              ///< the first of pending_ not yet asked for
-  std::uint32_t lease_timeout_ms_ = 0xffffffffU;
   /// Why the fetch stopped short (cancelled, connection or owner lost).
   std::optional<Error> ended_;
 };

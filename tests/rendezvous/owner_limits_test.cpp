@@ -99,7 +99,7 @@ TEST_F(Rendezvous, ConnectionsPastTheCapAreRefusedUntilOneCloses) {
     auto third = co_await connect(nullptr);
     EXPECT_FALSE(third);
     if (third) co_return;
-    EXPECT_TRUE(third.error().is(errc::budget_exceeded)) << third.error().message();
+    EXPECT_TRUE(third.error().is(errc::budget_exceeded)) << third.error().message() << " / " << third.error().detail;
     EXPECT_NE(third.error().detail.find("too many connections"), std::string::npos) << third.error().message();
     second.reset();
     // The owner notices the close on its next read; retry until it has.

@@ -1,0 +1,95 @@
+// A consumer's connection to one owner, shaped like the owner's side of it:
+// one reader coroutine reads every frame and hands each answer to the
+// request waiting for it (by request id), one writer at a time sends the
+// requests in the order they were made, and any number of fetches talk on
+// the connection at once. Nobody but the reader reads the socket, so a
+// fetch that stops waiting (cancelled, or done) never leaves the connection
+// out of step: an answer nobody waits for any more is dropped.
+#pragma once
+
+#include "framed_connection.hpp"
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <unordered_map>
+
+namespace corma::rendezvous {
+
+/// An owner's `error` answer as the error it names.
+[[nodiscard]] Error from_reply(const ErrorReply& reply);
+
+class ConsumerLink : public std::enable_shared_from_this<ConsumerLink> {
+ public:
+  /// `io_timeout`: how long a request's answer, and a frame's write, may take.
+  ConsumerLink(asio::ip::tcp::socket socket, std::chrono::milliseconds io_timeout);
+  ConsumerLink(const ConsumerLink&) = delete;
+  ConsumerLink& operator=(const ConsumerLink&) = delete;
+
+  /// Starts the reader. `on_lost` runs once if the connection ends by any
+  /// other way than close() (the owner closed it or died, a write or an
+  /// answer timed out, the owner sent something malformed), after every
+  /// request waiting has been answered with that error.
+  void start(std::function<void(const Error&)> on_lost);
+
+  /// Queues a request; its answer is kept for answer(id). Requests are
+  /// written in the order they were queued, each to its end.
+  std::uint64_t send(Message message);
+  /// Queues a request whose answer nobody reads (a release after a
+  /// cancelled fetch, say).
+  void send_unawaited(Message message);
+  /// The answer to request `id` (an owner's `error` as that error). Waits
+  /// deaf to cancellation: answers come within io_timeout or the connection
+  /// is given up (`timeout`), so a caller is never stuck, and a request is
+  /// never half done. Each id is answered once.
+  asio::awaitable<Result<Message>> answer(std::uint64_t id);
+  /// send() then answer().
+  asio::awaitable<Result<Message>> ask(Message message);
+  /// Nobody will call answer(id): its answer is dropped when it comes.
+  void forget(std::uint64_t id) { waiting_.erase(id); }
+
+  [[nodiscard]] bool is_open() const noexcept { return !ended_; }
+  [[nodiscard]] const asio::any_io_executor& executor() const noexcept { return executor_; }
+  /// Why the connection ended (empty while it is open, or after close()).
+  [[nodiscard]] const std::optional<Error>& lost() const noexcept { return lost_; }
+  /// Ends the connection on purpose: waiting requests are answered
+  /// `peer_unreachable`, on_lost does not run.
+  void close();
+  /// Ends the connection because the owner broke the protocol: as if it
+  /// were lost (on_lost runs).
+  void give_up(Error why) { end(std::move(why), true); }
+
+ private:
+  struct Waiter {
+    explicit Waiter(const asio::any_io_executor& ex) : wake(ex) {}
+    std::optional<Result<Message>> answer;
+    asio::steady_timer wake;  ///< cancelled when the answer comes
+  };
+
+  asio::awaitable<void> read_loop(std::shared_ptr<ConsumerLink> self);  // `self` keeps it alive
+  asio::awaitable<void> write_loop(std::shared_ptr<ConsumerLink> self);
+  void enqueue(std::uint64_t id, Message message);
+  /// The connection ended: every waiter is answered `why`.
+  void end(Error why, bool lost);
+
+  asio::any_io_executor executor_;
+  FramedConnection connection_;
+  std::chrono::milliseconds io_timeout_;
+  std::uint64_t next_id_ = 1;
+  std::unordered_map<std::uint64_t, std::shared_ptr<Waiter>> waiting_;
+  std::deque<Frame> to_write_;
+  bool writing_ = false;
+  bool ended_ = false;
+  std::optional<Error> ended_why_;  ///< what requests made after the end are answered
+  std::optional<Error> lost_;
+  std::function<void(const Error&)> on_lost_;
+};
+
+}  // namespace corma::rendezvous

@@ -1,0 +1,70 @@
+// Keeps a consumer's leases alive: every lease a fetch holds is renewed,
+// together with the connection's others, every third of the shortest lease
+// timeout (at least every second), however long the fetch takes. One
+// keeper per connection; fetches only say which leases they hold.
+#pragma once
+
+#include "consumer_link.hpp"
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+
+namespace corma::rendezvous {
+
+class LeaseKeeper : public std::enable_shared_from_this<LeaseKeeper> {
+ public:
+  explicit LeaseKeeper(std::shared_ptr<ConsumerLink> link);
+
+  /// A lease kept alive while its ticket lives.
+  class Ticket {
+   public:
+    Ticket() = default;
+    Ticket(Ticket&& other) noexcept : keeper_(std::move(other.keeper_)), lease_(other.lease_) {}
+    Ticket& operator=(Ticket&& other) noexcept;
+    Ticket(const Ticket&) = delete;
+    Ticket& operator=(const Ticket&) = delete;
+    ~Ticket() { drop(); }
+    /// Why the owner refused to renew the lease, if it did (it lapsed: its
+    /// bytes may have been let go meanwhile).
+    [[nodiscard]] std::optional<Error> lost() const;
+
+   private:
+    friend class LeaseKeeper;
+    Ticket(std::shared_ptr<LeaseKeeper> keeper, std::uint64_t lease) : keeper_(std::move(keeper)), lease_(lease) {}
+    void drop();
+    std::shared_ptr<LeaseKeeper> keeper_;
+    std::uint64_t lease_ = 0;
+  };
+
+  /// Keeps `lease` (granted with `timeout_ms`) alive until the ticket goes.
+  Ticket keep(std::uint64_t lease, std::uint32_t timeout_ms);
+
+  /// Renews until the connection ends or stop().
+  void start();
+  void stop();
+
+  [[nodiscard]] std::uint64_t renewals() const noexcept { return renewals_; }
+
+ private:
+  struct Kept {
+    std::uint32_t timeout_ms = 0;
+    std::optional<Error> lost;
+  };
+
+  asio::awaitable<void> run(std::shared_ptr<LeaseKeeper> self);
+  asio::awaitable<void> renew_all();
+  [[nodiscard]] std::chrono::milliseconds interval() const;
+
+  std::shared_ptr<ConsumerLink> link_;
+  std::map<std::uint64_t, Kept> kept_;
+  asio::steady_timer wake_;
+  bool stopped_ = false;
+  std::uint64_t renewals_ = 0;
+};
+
+}  // namespace corma::rendezvous
