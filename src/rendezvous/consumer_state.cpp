@@ -451,7 +451,9 @@ asio::awaitable<Result<FetchOutcome>> Consumer::State::fetch(std::string name, c
         keep_until_deregistered(std::move(spare), released);
       };
       const auto* keep_until = &destination.keep_until;
-      if (!guard && destination.rdma_lands_for_good) {
+      // A landing refused by the backend is replaced; one whose registration
+      // was cancelled is not: the fetch answers the cancellation below.
+      if (!guard && destination.rdma_lands_for_good && !guard.error().is(errc::cancelled)) {
         // The caller's landing cannot be registered (a NIC may refuse to
         // pin a file's shared mapping): the read lands in fresh memory
         // instead, handed to the sink as without a landing.
