@@ -31,6 +31,12 @@ asio::any_io_executor Owner::executor() const { return state_->executor; }
 
 asio::awaitable<void> Owner::accept_loop(asio::ip::tcp::acceptor& acceptor) {
   auto state = state_;
+  // Listed while it waits for connections, however the loop ends.
+  struct Listed {
+    State& state;
+    std::multiset<asio::ip::tcp::acceptor*>::iterator at;
+    ~Listed() { state.accepting.erase(at); }
+  } listed{*state, state->accepting.insert(&acceptor)};
   while (!state->draining) {
     auto [ec, socket] = co_await acceptor.async_accept(asio::as_tuple(asio::use_awaitable));
     if (ec) {
@@ -50,6 +56,10 @@ void Owner::stop() {
   auto& state = *state_;
   state.draining = true;
   state.reaper.cancel();
+  for (auto* acceptor : state.accepting) {
+    boost::system::error_code ignored;
+    acceptor->cancel(ignored);  // the accept loop ends; the acceptor stays open
+  }
   for (const auto& connection : state.connections) connection->close();
   for (auto& [id, lease] : state.leases) {
     if (lease.exported) state.retired.push_back(std::move(lease.exported));
