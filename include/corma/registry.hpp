@@ -118,7 +118,10 @@ class Registry {
   /// admitted ones, deregisters everything, and latches every region's
   /// deregistered() once the backend reports zero live registrations
   /// (looking again while a backend shutting down itself still drains).
-  /// Safe in any order with the backend's shutdown; cheapest before it.
+  /// Safe in any order with the backend's shutdown; cheapest before it,
+  /// unless a transfer was stranded with a dead peer (UCX over shared
+  /// memory): its region is released only by the backend's shutdown, so
+  /// start that one too without waiting for this one (docs/architecture.md).
   /// Completes with `timeout` if that takes longer than `deadline`.
   /// Idempotent: later calls complete with the first call's outcome.
   template <asio::completion_token_for<void(Result<void>)> Token>
