@@ -294,9 +294,13 @@ int main(int argc, char** argv) {
   }
   if (mix.wrong_thread.load() != 0) fail_run(std::to_string(mix.wrong_thread.load()) + " resumptions off the progress thread");
   if (mix.failed_gets.load() != 0) fail_run(std::to_string(mix.failed_gets.load()) + " operations failed; first: " + mix.first_failure);
+  corma::programs::Watchdog watchdog(20s, [] { return std::string("unmapping and shutting the backends down"); });
+  // A get answered `cancelled` may still land: the unmap waits until every
+  // transfer into the region has really ended.
+  auto unmapped = initiator.async_unmap(local_region.value().id, asio::use_future).get();
+  if (!unmapped) fail_run("local unmap: " + unmapped.error().message());
   if (std::memcmp(local.data(), remote.data(), local.size()) != 0) fail_run("the gets brought the wrong bytes");
 
-  corma::programs::Watchdog watchdog(20s, [] { return std::string("shutting the backends down"); });
   auto down = initiator.async_shutdown(asio::use_future).get();
   if (!down) fail_run("initiator shutdown: " + down.error().message());
   auto target_down = target.async_shutdown(asio::use_future).get();

@@ -27,9 +27,6 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/use_future.hpp>
 
-#include <unistd.h>
-
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -40,7 +37,6 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 namespace {

@@ -39,6 +39,9 @@ class CommandQueue {
   /// Progress thread, once its loop has ended: later pushes are dropped.
   void close();
 
+  /// The progress thread's io_context (the progress executor's context).
+  [[nodiscard]] boost::asio::io_context& io() const noexcept { return io_; }
+
   /// Whether the calling thread is the progress thread running this queue.
   [[nodiscard]] bool on_progress_thread() const noexcept { return running_here_ == this; }
 

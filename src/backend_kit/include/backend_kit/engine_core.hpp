@@ -82,7 +82,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
 
   /// RdmaBackend::progress_executor(): runs work on the progress thread
   /// (progress_executor.hpp).
-  [[nodiscard]] ProgressExecutor progress_executor() noexcept { return {commands_, io}; }
+  [[nodiscard]] ProgressExecutor progress_executor() const noexcept { return ProgressExecutor(commands_); }
 
   /// Refuses new commands from now on.
   void stop_accepting() noexcept { accepting_.store(false, std::memory_order_release); }
