@@ -35,16 +35,26 @@ void EngineCore::loop() {
   // this thread posted there in Asio's thread-private queue, which only a
   // nested poll() hands over, while the nested calls' work accounting ran the
   // count of outstanding work down to zero and stopped the context.)
-  CommandQueue::ProgressThreadScope on_this_thread(*commands_);
-  run_until_quit();
-  // Whatever was queued before the end (late commands, cancelled timers)
-  // runs now and is answered shutting_down, so no handler outlives the loop
-  // holding the engine; what comes later is dropped.
-  {
-    detail::BulkHandoff bulk;
-    while (commands_->run_all() + io.poll() != 0) bulk.flush();
-  }
-  commands_->close();
+  //
+  // It is the one handler of a private io_context instead: Asio's recycling
+  // allocator keeps its per-thread cache only on a thread inside some run(),
+  // so ops, coroutine frames and hand-offs freed here are reused by the next
+  // ones rather than going back to malloc; `io` sees a thread that is not
+  // running it.
+  asio::io_context host(1);
+  asio::post(host, [this] {
+    CommandQueue::ProgressThreadScope on_this_thread(*commands_);
+    run_until_quit();
+    // Whatever was queued before the end (late commands, cancelled timers)
+    // runs now and is answered shutting_down, so no handler outlives the loop
+    // holding the engine; what comes later is dropped.
+    {
+      detail::BulkHandoff bulk;
+      while (commands_->run_all() + io.poll() != 0) bulk.flush();
+    }
+    commands_->close();
+  });
+  host.run();
 }
 
 void EngineCore::run_until_quit() {
