@@ -80,7 +80,7 @@ std::shared_ptr<corma::ucx::Backend> make_backend() {
 }
 
 /// How long the initiator stays busy once it has sent its request.
-constexpr auto busy = 10ms;
+constexpr auto busy = 20ms;
 
 template <class T>
 T value_of(std::future<corma::Result<T>> future, const char* what) {
@@ -141,13 +141,15 @@ bool attempt() {
     }
     return false;
   };
-  while (!answered()) {
-    if (std::chrono::steady_clock::now() > deadline) fail_run("the target never answered the wire-up request");
+  bool seen = false;
+  while (!(seen = answered()) && !busy_over.load()) {
+    if (std::chrono::steady_clock::now() > deadline) fail_run("the initiator never went busy, or never came back");
     std::this_thread::yield();
   }
-  // Still busy: the initiator has not taken the target's request in, so the
-  // reply is queued.
-  const bool reply_queued = !busy_over.load();
+  // Seen while the initiator is still busy: it has not taken the target's
+  // request in, so the reply is queued. (Otherwise this attempt missed the
+  // moment, and goes on to its end all the same.)
+  const bool reply_queued = seen && !busy_over.load();
   auto target_down = target->async_shutdown(asio::use_future);
   value_of<void>(std::move(target_down), "target shutdown");
   if (got.wait_for(10s) != std::future_status::ready) fail_run("the get was never answered");
