@@ -94,27 +94,6 @@ Result<void> Backend::Engine::start() {
   return success();
 }
 
-void Backend::Engine::tear_down() {
-  stop_deadline_sweep();
-  if (wake) {
-    boost::system::error_code ignored;
-    wake->close(ignored);
-    wake.reset();
-  }
-  // Stranded transfers' keys go before the worker (they come from its
-  // pools); nothing progresses the worker any more, so no request uses them.
-  for (auto& [id, op] : orphans) drop_own_key(*op);
-  for (auto* key : retired_keys) ucp_rkey_destroy(key);
-  retired_keys.clear();
-  // Destroying the worker ends every endpoint and request it still held.
-  if (worker != nullptr) ucp_worker_destroy(worker);
-  orphans.clear();  // no callback can reach them any more
-  if (context != nullptr) ucp_cleanup(context);
-  worker = nullptr;
-  context = nullptr;
-  mark_torn_down();
-}
-
 // ---- progress ----
 
 std::size_t Backend::Engine::progress() {
@@ -281,6 +260,7 @@ void Backend::Engine::run_transfer(const std::shared_ptr<UcxTransferOp>& op) {
   op->rkey = rkey.value();
   op->finished = &finished;
   track(op, *region.value());
+  peer->second.wire_up_started = true;
 
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
@@ -380,6 +360,7 @@ void Backend::Engine::finish_transfer(std::uint64_t id, ucs_status_t status) {
 
   // The caller hears of its transfer before an unmap that waited for it.
   if (status == UCS_OK) {
+    if (auto peer = peers.find(op.request.peer); peer != peers.end()) peer->second.wired = true;
     answer(op, success());
   } else if (status == UCS_ERR_CANCELED && closing()) {
     answer(op, shut_down_error());
@@ -409,6 +390,7 @@ void Backend::Engine::abandon_endpoint(PeerId id, Peer& peer) {
   if (!can_force_close()) return strand_transfers_of(id, peer);
   forget_keys(peer);
   if (peer.ep == nullptr) return;
+  note_endpoint_closing(peer);
   // Forced: UCX fails whatever is still in flight on it, which unpins the
   // local regions those transfers held (an unmap may be waiting for them).
   ucp_request_param_t param{};
@@ -501,7 +483,7 @@ void Backend::Engine::on_endpoint_error(void* arg, ucp_ep_h ep, ucs_status_t) {
 
 void Backend::Engine::mark_broken(ucp_ep_h ep) {
   for (auto& [id, peer] : peers) {
-    if (peer.ep == ep) peer.broken = true;
+    if (peer.ep == ep) peer.broken = peer.failed = true;
   }
 }
 
@@ -557,6 +539,7 @@ void Backend::Engine::run_peer_close(const std::shared_ptr<VoidOp>& op, PeerId i
     return answer(*op, success());
   }
   forget_keys(it->second);
+  if (ep != nullptr) note_endpoint_closing(it->second);
   peers.erase(it);
   if (ep == nullptr) return answer(*op, success());
   ucp_request_param_t param{};
@@ -565,40 +548,6 @@ void Backend::Engine::run_peer_close(const std::shared_ptr<VoidOp>& op, PeerId i
   void* request = ucp_ep_close_nbx(ep, &param);
   if (request == nullptr || UCS_PTR_IS_ERR(request)) return answer(*op, success());
   closing_endpoints.push_back(Closing{request, op, std::nullopt});
-}
-
-// ---- shutdown ----
-
-void Backend::Engine::close_peers() {
-  // Endpoints: flushed when healthy and idle, forced otherwise (which also
-  // makes UCX fail whatever is still in flight on them).
-  const bool force_all = has_transfers();
-  for (auto& [id, peer] : peers) {
-    const bool force = force_all || peer.broken;
-    if (force && !can_force_close()) {
-      // Transfers may still use its keys; the worker's destruction ends
-      // the endpoint and them.
-      retire_keys(peer);
-      continue;
-    }
-    forget_keys(peer);
-    if (peer.ep == nullptr) continue;
-    ucp_request_param_t param{};
-    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    param.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
-    void* request = ucp_ep_close_nbx(peer.ep, &param);
-    if (request != nullptr && !UCS_PTR_IS_ERR(request)) closing_endpoints.push_back(Closing{request, {}, std::nullopt});
-  }
-  peers.clear();
-  progress_until([this] { return closing_endpoints.empty(); });
-  for (auto& c : closing_endpoints) {
-    if (c.op) answer(*c.op, shut_down_error());
-    // Released unfinished (a flush towards a peer that died before the
-    // endpoint's wire-up completed never ends): the worker's destruction
-    // then ends it. UCX aborts on a request still held when it does.
-    if (c.request != nullptr) ucp_request_free(c.request);
-  }
-  closing_endpoints.clear();
 }
 
 void Backend::Engine::forget_transfer(UcxTransferOp& op) { drop_own_key(op); }

@@ -54,6 +54,13 @@ struct Backend::Engine final : backend_kit::TransferEngine<UcxTransferOp> {
   struct Peer {
     ucp_ep_h ep = nullptr;  ///< the initiator's endpoint, once its peer is complete
     bool broken = false;
+    /// UCX itself reported the endpoint failed (its error callback).
+    bool failed = false;
+    /// A transfer reached UCX: the endpoint's wire-up has begun (UCX asks
+    /// the target for its endpoint id with the first operation that needs it).
+    bool wire_up_started = false;
+    /// A transfer completed: the target's wire-up reply has arrived.
+    bool wired = false;
     /// Accepted: the peer reads from us and connected itself; we hold no
     /// endpoint to it and transfer nothing towards it.
     bool reader = false;
@@ -126,6 +133,16 @@ struct Backend::Engine final : backend_kit::TransferEngine<UcxTransferOp> {
   void drop_own_key(UcxTransferOp& op);
   void poll_closing();
 
+  // Shutdown (engine_shutdown.cpp).
+  /// Closing `peer`'s endpoint: remembers whether the target may still owe
+  /// it a wire-up reply (see settle_worker).
+  void note_endpoint_closing(const Peer& peer);
+  /// Before the worker goes, when `listen`: serves the peers that read from
+  /// us, or may still send us a wire-up reply, until they fall quiet (UCX
+  /// 1.13 aborts the process destroying a worker that still queues a reply);
+  /// bounded by the shutdown timeout.
+  void settle_worker(bool listen);
+
   static void on_transfer_done(void* request, ucs_status_t status, void* user_data);
   static void on_endpoint_error(void* arg, ucp_ep_h ep, ucs_status_t status);
 
@@ -134,6 +151,10 @@ struct Backend::Engine final : backend_kit::TransferEngine<UcxTransferOp> {
 
   std::optional<asio::posix::stream_descriptor> wake;  // a dup of the worker's event fd
   bool wake_armed = false;
+
+  /// An endpoint closed before its wire-up finished: the target's reply to
+  /// it may still be on its way to our worker.
+  bool replies_owed = false;
 
   ucp_context_h context = nullptr;
   ucp_worker_h worker = nullptr;

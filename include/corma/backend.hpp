@@ -139,8 +139,10 @@ class RdmaBackend {
 
   /// The executor of the backend's progress thread. Work spawned on it runs
   /// on that thread: transfers started there complete inline, with no
-  /// hand-off between threads at all. Nothing may block there, since every
-  /// operation of the backend waits behind it (docs/architecture.md,
+  /// hand-off between threads at all, and what it posts back to this
+  /// executor (post, co_spawn, awaitable operators) runs there too. Timers
+  /// made from it are served by that thread. Nothing may block there, since
+  /// every operation of the backend waits behind it (docs/architecture.md,
   /// "Threading model").
   [[nodiscard]] virtual asio::any_io_executor progress_executor() const = 0;
 

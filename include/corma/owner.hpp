@@ -143,12 +143,15 @@ class Owner {
   }
 
   /// Drains: new acquires are answered `chunked` (draining), connections are
-  /// closed, leases dropped. The registrations they used, and their bytes,
-  /// are kept until the Owner is destroyed: a peer may still be reading
-  /// them, and some providers serve a peer's read by copying on this side
-  /// whether or not the memory is still registered (UCX over shared memory
-  /// or tcp). So shut the backend down (which ends every peer) before
-  /// destroying a stopped Owner; the registry's shutdown releases them too.
+  /// closed, leases dropped, and serve() completes (its acceptor is left
+  /// open: it is the caller's); once the work already queued has run, the
+  /// owner holds no work in its io_context. The registrations the leases
+  /// used, and their bytes, are kept until the Owner is destroyed: a peer
+  /// may still be reading them, and some providers serve a peer's read by
+  /// copying on this side whether or not the memory is still registered (UCX
+  /// over shared memory or tcp). So shut the backend down (which ends every
+  /// peer) before destroying a stopped Owner; the registry's shutdown
+  /// releases them too.
   void stop();
 
   [[nodiscard]] OwnerStats stats() const;

@@ -59,7 +59,8 @@ struct RegistryStats {
   LatencyHistogram registration_latency;
 };
 
-/// A failed owned registration hands its buffer back with the error.
+/// A failed owned registration hands its buffer back with the error (empty
+/// in the one case Registry::async_register_owned describes).
 struct OwnedRegistrationFailure {
   Error error;
   OwnedBuffer buffer;
@@ -96,7 +97,14 @@ class Registry {
   }
 
   /// Registers memory the registry then owns; it is freed after confirmed
-  /// release. On failure (budget_exceeded is routine) the buffer comes back.
+  /// release. On failure (budget_exceeded is routine) the buffer comes back,
+  /// with one exception: a registration mapped just as the registry's
+  /// shutdown closed its gate is rolled back, and if the backend refuses
+  /// that unmap (it is shutting down too), the provider may still hold the
+  /// memory, so the `shutting_down` failure carries an empty buffer; the
+  /// registry frees the buffer itself once the release is confirmed (at the
+  /// latest when its shutdown finds the backend holding nothing), or keeps
+  /// it as leaked (stats().leaked_owned_buffers) if that never happens.
   template <asio::completion_token_for<void(OwnedResult)> Token>
   auto async_register_owned(OwnedBuffer buffer, Access access, Token&& token) {
     return asio::async_initiate<Token, void(OwnedResult)>(
@@ -110,7 +118,10 @@ class Registry {
   /// admitted ones, deregisters everything, and latches every region's
   /// deregistered() once the backend reports zero live registrations
   /// (looking again while a backend shutting down itself still drains).
-  /// Safe in any order with the backend's shutdown; cheapest before it.
+  /// Safe in any order with the backend's shutdown; cheapest before it,
+  /// unless a transfer was stranded with a dead peer (UCX over shared
+  /// memory): its region is released only by the backend's shutdown, so
+  /// start that one too without waiting for this one (docs/architecture.md).
   /// Completes with `timeout` if that takes longer than `deadline`.
   /// Idempotent: later calls complete with the first call's outcome.
   template <asio::completion_token_for<void(Result<void>)> Token>

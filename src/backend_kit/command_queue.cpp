@@ -5,16 +5,19 @@
 namespace corma::backend_kit {
 
 void CommandQueue::push(Command command) {
-  if (io_.get_executor().running_in_this_thread()) {
+  if (on_progress_thread()) {
+    if (own_closed_) return;  // dropped: `command` dies here
     own_.push_back(std::move(command));  // the progress thread is awake: it is us
     return;
   }
   {
     std::lock_guard lock(mutex_);
+    if (closed_) return;  // dropped, after the lock: `command` dies on return
     pending_.push_back(std::move(command));
   }
   // Ordered after the push by the mutex: either the sleeper saw the command
-  // in prepare_to_sleep(), or this sees it asleep and wakes it.
+  // in prepare_to_sleep(), or this sees it asleep and wakes it. The queue is
+  // not closed yet, so its io_context still exists.
   if (sleeping_.load(std::memory_order_seq_cst) && sleeping_.exchange(false, std::memory_order_seq_cst)) {
     boost::asio::post(io_, [] {});
   }
@@ -46,6 +49,17 @@ bool CommandQueue::prepare_to_sleep() {
   if (pending_.empty()) return true;
   sleeping_.store(false, std::memory_order_seq_cst);
   return false;
+}
+
+void CommandQueue::close() {
+  std::vector<Command> dropped;
+  {
+    std::lock_guard lock(mutex_);
+    closed_ = true;
+    dropped.swap(pending_);
+  }
+  own_closed_ = true;
+  own_.clear();
 }
 
 }  // namespace corma::backend_kit

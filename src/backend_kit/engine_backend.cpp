@@ -11,7 +11,7 @@ EngineBackend::EngineBackend(std::shared_ptr<EngineCore> core, std::thread progr
 
 EngineBackend::~EngineBackend() { stop_progress_thread(core_, thread_); }
 
-asio::any_io_executor EngineBackend::progress_executor() const { return core_->io.get_executor(); }
+asio::any_io_executor EngineBackend::progress_executor() const { return core_->progress_executor(); }
 
 std::optional<std::size_t> EngineBackend::live_registrations() const {
   return core_->live_registrations();

@@ -7,6 +7,10 @@ namespace corma::backend_kit {
 
 EngineCore::EngineCore(EngineSettings s) : settings(std::move(s)) {}
 
+// A progress executor may outlive the engine: its queue must not reach the
+// io_context that dies with it.
+EngineCore::~EngineCore() { commands_->close(); }
+
 Error EngineCore::shut_down_error() const {
   return Error{errc::shutting_down, settings.name + " backend is shutting down"};
 }
@@ -23,20 +27,34 @@ void EngineCore::quit() {
 }
 
 void EngineCore::loop() {
-  // The whole loop runs as one handler of `io`, so this thread counts as
-  // running in it: a completion whose handler's executor is `io` (a
-  // coroutine spawned on progress_executor()) is invoked inline instead of
-  // posted, and the loop's own nested poll() and run_one() run the rest.
-  asio::post(io, [this] {
+  // The loop is no handler of `io`: it drives `io` between provider progress
+  // rounds (poll(), and run_one() to sleep), from outside. Work for the
+  // progress executor goes through the command queue, which runs inline what
+  // this thread dispatches to it, so a coroutine resumed at the end of a turn
+  // pays no hand-off. (As a handler of its own io_context, the loop left what
+  // this thread posted there in Asio's thread-private queue, which only a
+  // nested poll() hands over, while the nested calls' work accounting ran the
+  // count of outstanding work down to zero and stopped the context.)
+  //
+  // It is the one handler of a private io_context instead: Asio's recycling
+  // allocator keeps its per-thread cache only on a thread inside some run(),
+  // so ops, coroutine frames and hand-offs freed here are reused by the next
+  // ones rather than going back to malloc; `io` sees a thread that is not
+  // running it.
+  asio::io_context host(1);
+  asio::post(host, [this] {
+    CommandQueue::ProgressThreadScope on_this_thread(*commands_);
     run_until_quit();
     // Whatever was queued before the end (late commands, cancelled timers)
-    // runs now and is answered shutting_down, so no handler outlives the
-    // loop holding the engine.
-    detail::BulkHandoff bulk;
-    while (commands_.run_all() + io.poll() != 0) bulk.flush();
-    io.stop();
+    // runs now and is answered shutting_down, so no handler outlives the loop
+    // holding the engine; what comes later is dropped.
+    {
+      detail::BulkHandoff bulk;
+      while (commands_->run_all() + io.poll() != 0) bulk.flush();
+    }
+    commands_->close();
   });
-  io.run();
+  host.run();
 }
 
 void EngineCore::run_until_quit() {
@@ -51,7 +69,7 @@ void EngineCore::run_until_quit() {
     // Completions of this turn go to each caller's executor together.
     detail::BulkHandoff bulk;
     turn_time_ = clock::now();
-    const std::size_t commands = commands_.run_all();
+    const std::size_t commands = commands_->run_all();
     const std::size_t progressed = progress();
     std::size_t handlers = 0;
     if (++turns_since_poll >= turns_per_poll) {
@@ -70,17 +88,15 @@ void EngineCore::run_until_quit() {
       if (spinning) continue;
     }
     bulk.flush();  // before sleeping: nobody waits on this thread's sleep
-    // What this thread posted to `io` from the loop itself (a completion
-    // run inline that posts, say) waits in Asio's thread-private queue for
-    // this handler, which only a nested poll() hands over: run it first.
+    // Timers and fd watches that are due run before the thread sleeps.
     if (io.poll() != 0) continue;
-    if (!commands_.prepare_to_sleep()) continue;
+    if (!commands_->prepare_to_sleep()) continue;
     if (!torn_down_ && !arm_for_sleep()) {  // events arrived meanwhile
-      commands_.awake();
+      commands_->awake();
       continue;
     }
     io.run_one();  // a wake-up for a command, a timer, or the provider's event fd
-    commands_.awake();
+    commands_->awake();
     last_activity = clock::now();
   }
 }

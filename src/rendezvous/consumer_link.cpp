@@ -40,10 +40,6 @@ std::uint64_t ConsumerLink::send(Message message) {
   return id;
 }
 
-void ConsumerLink::send_unawaited(Message message) {
-  if (!ended_) enqueue(next_id_++, std::move(message));
-}
-
 void ConsumerLink::enqueue(std::uint64_t id, Message message) {
   to_write_.push_back(Frame{id, std::move(message)});
   if (writing_) return;  // the writer takes it in turn

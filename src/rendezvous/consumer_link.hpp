@@ -42,9 +42,6 @@ class ConsumerLink : public std::enable_shared_from_this<ConsumerLink> {
   /// Queues a request; its answer is kept for answer(id). Requests are
   /// written in the order they were queued, each to its end.
   std::uint64_t send(Message message);
-  /// Queues a request whose answer nobody reads (a release after a
-  /// cancelled fetch, say).
-  void send_unawaited(Message message);
   /// The answer to request `id` (an owner's `error` as that error). Waits
   /// deaf to cancellation: answers come within io_timeout or the connection
   /// is given up (`timeout`), so a caller is never stuck, and a request is

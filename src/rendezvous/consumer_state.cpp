@@ -316,7 +316,7 @@ asio::awaitable<Result<FetchOutcome>> Consumer::State::fetch(std::string name, c
   // Renewed with the connection's other leases until it is released.
   const auto kept = leases->keep(lease, lease_timeout_ms);
   if (co_await cancelled_here()) {
-    link->send_unawaited(Release{lease});
+    (void)co_await release(lease);
     co_return fetch_cancelled("after the owner granted it");
   }
   // A streamed chunked fetch needs no memory of its own.
@@ -345,7 +345,9 @@ asio::awaitable<Result<FetchOutcome>> Consumer::State::fetch(std::string name, c
         keep_until_deregistered(std::move(spare), released);
       };
       const auto* keep_until = &destination.keep_until;
-      if (!guard && destination.rdma_lands_for_good) {
+      // A landing refused by the backend is replaced; one whose registration
+      // was cancelled is not: the fetch answers the cancellation below.
+      if (!guard && destination.rdma_lands_for_good && !guard.error().is(errc::cancelled)) {
         // The caller's landing cannot be registered (a NIC may refuse to
         // pin a file's shared mapping): the read lands in fresh memory
         // instead, handed to the sink as without a landing.
@@ -365,7 +367,7 @@ asio::awaitable<Result<FetchOutcome>> Consumer::State::fetch(std::string name, c
     // The owner let the lease lapse during the read: the bytes may have
     // been let go meanwhile, and no chunks can follow on it.
     if (auto lapsed = kept.lost()) {
-      link->send_unawaited(Release{lease});
+      (void)co_await release(lease);
       co_return std::move(*lapsed);
     }
     if (got) {
@@ -379,7 +381,7 @@ asio::awaitable<Result<FetchOutcome>> Consumer::State::fetch(std::string name, c
     // connection that just ended (and the lease died with it).
     if (auto gone = lost()) co_return std::move(*gone);
     if (co_await cancelled_here()) {
-      link->send_unawaited(Release{lease});
+      (void)co_await release(lease);
       co_return std::move(got).error();
     }
     // Exactly one fallback: the chunked path on the same lease, into
@@ -396,7 +398,7 @@ asio::awaitable<Result<FetchOutcome>> Consumer::State::fetch(std::string name, c
   const ChunkSink write = destination.sink ? destination.sink : copy_into(into.value());
   auto pulled = co_await pull_all(lease, fetched.size, chunk, write);
   if (!pulled) {
-    link->send_unawaited(Release{lease});  // the fetch is answered without waiting for that
+    (void)co_await release(lease);  // answered at once: the owner has the lease back when the fetch ends
     co_return std::move(pulled).error();
   }
   CORMA_CO_TRY(co_await release(lease));

@@ -35,6 +35,12 @@ asio::any_io_executor Owner::executor() const { return state_->executor; }
 
 asio::awaitable<void> Owner::accept_loop(asio::ip::tcp::acceptor& acceptor) {
   auto state = state_;
+  // Listed while it waits for connections, however the loop ends.
+  struct Listed {
+    State& state;
+    std::multiset<asio::ip::tcp::acceptor*>::iterator at;
+    ~Listed() { state.accepting.erase(at); }
+  } listed{*state, state->accepting.insert(&acceptor)};
   auto admit = [&state](asio::ip::tcp::socket socket) {
     if (state->connections.size() >= state->config.max_connections ||
         state->handshakes >= state->config.max_handshakes) {
@@ -69,6 +75,10 @@ void Owner::stop() {
   auto& state = *state_;
   state.draining = true;
   state.reaper.cancel();
+  for (auto* acceptor : state.accepting) {
+    boost::system::error_code ignored;
+    acceptor->cancel(ignored);  // the accept loop ends; the acceptor stays open
+  }
   if (state.dispatcher_waiting) state.work_arrived.cancel();
   for (const auto& connection : state.connections) connection->close();
   for (auto& [id, lease] : state.leases) {

@@ -145,6 +145,10 @@ struct Owner::State : std::enable_shared_from_this<State> {
   std::unordered_map<std::uint64_t, std::size_t> acquiring;
   std::size_t acquiring_total = 0;
   std::set<std::shared_ptr<FramedConnection>> connections;
+  /// Acceptors a serve() waits on: stop() cancels their accepts, so that no
+  /// work of the owner's is left in its io_context (the acceptors stay open:
+  /// they are the caller's).
+  std::multiset<boost::asio::ip::tcp::acceptor*> accepting;
   std::uint64_t next_lease = 1;
   std::uint64_t next_session = 1;
   bool draining = false;

@@ -63,6 +63,9 @@ struct ContractParam {
   /// peer_failure_limit, but its local region stays registered (an unmap
   /// waits) until the backend shuts down.
   bool ends_dead_peer_transfers = true;
+  /// The name tests/programs/progress_mix.cpp knows this configuration by
+  /// (the progress-executor mix runs it in a child process); empty: none.
+  std::string progress_mix;
 };
 
 /// gtest prints parameters with this (found by ADL).

@@ -5,6 +5,8 @@
 #include "contract/backend_contract.hpp"
 #include "contract/contract_helpers.hpp"
 
+#include "programs/children.hpp"
+
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
@@ -56,6 +58,24 @@ TEST_P(BackendContract, CoroutinesOnTheProgressExecutorCompleteOnTheProgressThre
   EXPECT_EQ(run.resumed_elsewhere, 0) << "a completion hopped to another thread";
   EXPECT_TRUE(same_bytes(local_buffer.data(), remote_buffer.data(), size));
   EXPECT_TRUE(unmap(initiator, local.value().id));
+}
+
+// Work posted to the progress executor from a coroutine running on it runs:
+// posts, co_spawn, awaitable operators and cancellations emitted inside an
+// initiation, mixed at random with transfers, maps and timers
+// (tests/programs/progress_mix.cpp). In child processes: a progress thread
+// that hangs fails the child (it reports where each worker waited), not the
+// suite.
+TEST_P(BackendContract, WorkPostedFromTheProgressExecutorToItselfAlwaysRuns) {
+  const auto& backend = GetParam().progress_mix;
+  if (backend.empty()) GTEST_SKIP() << "no progress-mix program for this configuration";
+  std::vector<std::vector<std::string>> children;
+  for (const char* seed : {"1", "2", "3"}) children.push_back({CORMA_PROGRESS_MIX, backend, seed});
+  const auto results = programs::testing::run_children(children, std::chrono::seconds(40));
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    if (results[i].output.starts_with("SKIPPED")) GTEST_SKIP() << results[i].output;
+    EXPECT_EQ(results[i].status, 0) << programs::testing::describe(children[i], results[i]);
+  }
 }
 
 }  // namespace

@@ -4,7 +4,8 @@
 // handed it; chunks, and the chunks of a fallback, go to the sink; a
 // landing the backend cannot register is replaced by fresh memory handed to
 // the sink; a landing that cannot be had fails the fetch and releases its
-// lease.
+// lease; a cancellation reaching the landing's registration answers
+// `cancelled`.
 #include "rendezvous/rendezvous_fixture.hpp"
 
 #include <cstring>
@@ -139,6 +140,31 @@ TEST_F(Landing, ALandingThatCannotBeHadFailsTheFetchAndReleasesItsLease) {
   EXPECT_TRUE(refused.error().is(errc::backend)) << refused.error().message();
   EXPECT_EQ(owner->stats().live_leases, 0U);
   EXPECT_EQ(collected.calls, 0U);
+}
+
+TEST_F(Landing, ACancellationReachingTheLandingsRegistrationAnswersCancelled) {
+  start_owner();
+  // The landing's registration is still in flight when the signal comes: it
+  // is emitted from the io_context once the landing was handed out.
+  consumer_backend->set_faults(TestBackendFaults{.map_delay = std::chrono::milliseconds(300)});
+  asio::cancellation_signal cancel;
+  auto inner = landed.landing();
+  corma::LandingFor landing = [&](std::uint64_t size) {
+    asio::post(io, [&cancel] { cancel.emit(asio::cancellation_type::terminal); });
+    return inner(size);
+  };
+  auto outcome = corma::testing::run(io, [&]() -> asio::awaitable<corma::Result<corma::FetchOutcome>> {
+    CORMA_CO_TRY(auto consumer, co_await connect(consumer_registry));
+    corma::StreamDestination to{collected.sink(), landing};
+    co_return co_await consumer->async_fetch_to("big", std::move(to),
+                                                asio::bind_cancellation_slot(cancel.slot(), asio::use_awaitable));
+  }());
+  ASSERT_FALSE(outcome) << "the fetch went on through the sink";
+  EXPECT_TRUE(outcome.error().is(errc::cancelled)) << outcome.error().message();
+  EXPECT_EQ(landed.asked, 1U);
+  EXPECT_EQ(collected.calls, 0U) << "nothing reaches the sink of a cancelled fetch";
+  EXPECT_EQ(owner->stats().live_leases, 0U) << "the lease is released";
+  EXPECT_EQ(consumer_registry->stats().registered_bytes, 0U) << "the cancelled registration left nothing";
 }
 
 }  // namespace

@@ -418,3 +418,28 @@ TEST_F(Rendezvous, ASinkErrorEndsTheFetchAndTheConnectionGoesOn) {
   EXPECT_EQ(calls, 3u) << "the sink was called after it failed";
   EXPECT_EQ(owner->stats().live_leases, 0u) << "the failed fetch's lease was not released";
 }
+
+TEST_F(Rendezvous, AStoppedOwnerLetsItsIoContextRunOutOfWork) {
+  start_owner();
+  std::optional<RawClient> silent;
+  corma::testing::run(io, [&]() -> asio::awaitable<void> {
+    auto consumer = (co_await connect(consumer_registry)).value();
+    auto fetched = co_await consumer->async_fetch("big");
+    EXPECT_TRUE(fetched) << fetched.error().message();
+    // A client that connected and says nothing: its session waits for a frame.
+    silent = co_await RawClient::connect(acceptor.local_endpoint());
+    auto request = message(rv::Hello{});
+    auto hello = co_await silent->ask(std::move(request));
+    EXPECT_TRUE(hello && std::holds_alternative<rv::HelloOk>(hello.value()));
+  }());
+  owner->stop();
+  // Nothing of the owner's may keep the io_context busy: not its reaper,
+  // not a session, not the accept loop (the acceptor itself stays open; it
+  // is the caller's).
+  io.restart();
+  const auto start = std::chrono::steady_clock::now();
+  io.run_for(std::chrono::seconds(5));
+  EXPECT_TRUE(io.stopped()) << "the owner left work in its io_context after stop()";
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(2));
+  EXPECT_TRUE(acceptor.is_open());
+}

@@ -114,6 +114,43 @@ TEST_F(RegistryTest, OwnedRegistrationHandsTheBufferBackOverBudget) {
   EXPECT_THROW((void)result.value(), std::system_error);
 }
 
+// registry.hpp promises the buffer back on failure, with one exception
+// (registry_shutdown_test.cpp: a rollback the backend refuses): every other
+// way a registration fails hands the same buffer back.
+TEST_F(RegistryTest, EveryOtherFailedOwnedRegistrationHandsTheSameBufferBack) {
+  auto registry = make_registry();
+  auto expect_back = [](corma::OwnedResult result, const std::byte* address, errc code, const char* how) {
+    ASSERT_FALSE(result) << how;
+    EXPECT_TRUE(result.error().error.is(code)) << how << ": " << result.error().error.message();
+    EXPECT_EQ(result.error().buffer.data(), address) << how << ": the same buffer must come back";
+  };
+
+  auto refused = OwnedBuffer::allocate(page_size());
+  const std::byte* refused_at = refused.data();
+  backend->set_faults(TestBackendFaults{.refuse_maps_in = refused.bytes()});
+  expect_back(registry.async_register_owned(std::move(refused), Access::local, asio::use_future).get(), refused_at,
+              errc::backend, "refused by the backend");
+  backend->set_faults({});
+
+  auto cancelled = OwnedBuffer::allocate(page_size());
+  const std::byte* cancelled_at = cancelled.data();
+  backend->hold_maps();
+  asio::cancellation_signal cancel;
+  auto pending = registry.async_register_owned(std::move(cancelled), Access::local,
+                                               asio::bind_cancellation_slot(cancel.slot(), asio::use_future));
+  ASSERT_TRUE(backend->wait_for_held_maps(1));
+  cancel.emit(asio::cancellation_type::total);
+  backend->release_maps();
+  expect_back(pending.get(), cancelled_at, errc::cancelled, "cancelled");
+
+  ASSERT_TRUE(registry.async_shutdown(std::chrono::seconds(5), asio::use_future).get());
+  auto late = OwnedBuffer::allocate(page_size());
+  const std::byte* late_at = late.data();
+  expect_back(registry.async_register_owned(std::move(late), Access::local, asio::use_future).get(), late_at,
+              errc::shutting_down, "at the closed gate");
+  EXPECT_EQ(registry.stats().leaked_owned_buffers, 0u);
+}
+
 TEST_F(RegistryTest, OwnedRegistrationOwnsTheBufferUntilRelease) {
   auto registry = make_registry();
   auto buffer = OwnedBuffer::allocate(page_size());

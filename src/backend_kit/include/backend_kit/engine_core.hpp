@@ -10,6 +10,7 @@
 
 #include "backend_kit/command_queue.hpp"
 #include "backend_kit/ops.hpp"
+#include "backend_kit/progress_executor.hpp"
 
 #include <corma/progress.hpp>
 
@@ -57,7 +58,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   explicit EngineCore(EngineSettings settings);
   EngineCore(const EngineCore&) = delete;
   EngineCore& operator=(const EngineCore&) = delete;
-  virtual ~EngineCore() = default;
+  virtual ~EngineCore();
 
   // ---- any thread ----
 
@@ -78,6 +79,10 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   /// provider's own transfer op).
   virtual void initiate_transfer(bool is_put, TransferRequest request, RdmaBackend::Handler<void> h) = 0;
   virtual void initiate_batch(bool is_put, TransferBatch batch, RdmaBackend::Handler<BatchOutcome> h) = 0;
+
+  /// RdmaBackend::progress_executor(): runs work on the progress thread
+  /// (progress_executor.hpp).
+  [[nodiscard]] ProgressExecutor progress_executor() const noexcept { return ProgressExecutor(commands_); }
 
   /// Refuses new commands from now on.
   void stop_accepting() noexcept { accepting_.store(false, std::memory_order_release); }
@@ -146,8 +151,9 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   void stop_deadline_sweep();
 
   const EngineSettings settings;
-  /// Run by the progress thread alone (the hint lets nested poll() calls
-  /// from the loop, which is itself a handler of it, see every handler).
+  /// Run by the progress thread alone, between provider progress rounds:
+  /// timers, the provider's fd watches, shutdown. The loop is no handler of
+  /// it (see loop()).
   asio::io_context io{1};
 
   // Testing aids, reached through backend_kit::core_of: a delay between
@@ -195,7 +201,8 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   void arm_deadline_sweep();
 
   asio::executor_work_guard<asio::io_context::executor_type> work_ = asio::make_work_guard(io);
-  CommandQueue commands_{io};
+  /// Shared with the progress executors handed out, which may outlive the engine.
+  std::shared_ptr<CommandQueue> commands_ = std::make_shared<CommandQueue>(io);
   std::atomic<std::size_t> live_{0};
   std::atomic<std::size_t> in_flight_{0};
   std::atomic<std::size_t> queued_{0};
@@ -227,7 +234,7 @@ void EngineCore::submit(Command command, Refuse refuse) {
     queued_.fetch_sub(1, std::memory_order_acq_rel);
     return refuse(Error{errc::backend, settings.name + " backend command queue full"});
   }
-  commands_.push([this, command = std::move(command)]() mutable {
+  commands_->push([this, command = std::move(command)]() mutable {
     queued_.fetch_sub(1, std::memory_order_acq_rel);
     command();
   });
@@ -242,9 +249,11 @@ void EngineCore::watch_cancellation(const std::shared_ptr<Op>& op, asio::cancell
     if (!target) return;
     target->cancelled.store(true, std::memory_order_release);
     if (auto engine = weak_engine.lock()) {
-      // Weak inside the queue too: a message posted after the loop ended must
-      // not keep the engine (which owns the queue) alive.
-      asio::post(engine->io, [weak_engine, target, on_cancel] {
+      // Through the command queue, not the io_context: a signal emitted on
+      // the progress thread (inside an initiation there, say) is seen on the
+      // next turn like any other. Weak inside the queue too: a message queued
+      // after the loop ended must not keep the engine alive.
+      engine->commands_->push([weak_engine, target, on_cancel] {
         if (auto alive = weak_engine.lock()) on_cancel(target);
       });
     }
