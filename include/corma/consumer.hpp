@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -50,8 +51,14 @@ struct ConsumerConfig {
 struct FetchOutcome {
   std::uint64_t size = 0;
   Path path = Path::chunked;
-  std::string reason;       ///< the owner's chunked reason, or the RDMA failure that caused the fallback
-  bool fell_back = false;   ///< RDMA was granted but failed; the chunked path finished the job
+  /// Why it came in chunks (empty when it came over RDMA).
+  std::optional<ChunkedReason> reason;
+  /// With rdma_failed: how the RDMA read failed.
+  std::string failure;
+  /// RDMA was granted but failed; the chunked path finished the job.
+  [[nodiscard]] bool fell_back() const noexcept { return reason == ChunkedReason::rdma_failed; }
+  /// The reason in words: empty over RDMA, "no_offer", "rdma_failed: ...".
+  [[nodiscard]] std::string reason_text() const;
   /// Windows read, when the owner lent the object in windows (larger than
   /// its budget holds); 0 when it was lent whole or sent in chunks.
   std::uint32_t windows = 0;

@@ -32,6 +32,24 @@ enum class Path {
   return path == Path::rdma ? "rdma" : "chunked";
 }
 
+/// Why an object came in chunks rather than over RDMA. The values up to
+/// no_window are the owner's answers, as the protocol carries them
+/// (docs/protocol.md); rdma_failed is the consumer's own and never travels.
+enum class ChunkedReason : std::uint8_t {
+  budget = 1,               ///< the owner's registration budget had no room
+  not_configured = 2,       ///< the owner's backend cannot expose memory (e.g. untrusted tcp)
+  below_threshold = 3,      ///< too small to be worth a registration
+  draining = 4,             ///< the owner is shutting down
+  no_offer = 5,             ///< the consumer made no RDMA offer, or it was not taken
+  backend_mismatch = 6,     ///< the consumer offered another backend than the owner's
+  registration_failed = 7,  ///< the owner's backend refused the registration
+  no_window = 8,            ///< not even the smallest window fits the owner's budget
+  rdma_failed = 9,          ///< RDMA was granted but the read failed; chunks finished the job
+};
+
+/// The reason's name ("no_offer"), as metrics and messages spell it.
+[[nodiscard]] std::string_view to_string(ChunkedReason reason) noexcept;
+
 /// Decisions counted by path and reason ("budget", "no_offer", ...).
 struct PathCounters {
   std::uint64_t rdma = 0;

@@ -178,7 +178,7 @@ int run_demo() {
       co_return;
     }
     row.path = to_string(fetched.value().path);
-    row.reason = fetched.value().reason;
+    row.reason = fetched.value().reason_text();
     row.windows = fetched.value().windows;
     if (row.windows > 0) row.reason = "in " + std::to_string(row.windows) + " windows";
     row.verified = fetched.value().size == row.size &&

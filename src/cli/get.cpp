@@ -114,9 +114,10 @@ int run_get(const GetOptions& options) {
   }
   const auto& f = fetched.value();
   const std::string windows = f.windows > 0 ? " in " + std::to_string(f.windows) + " windows" : "";
-  std::printf("corma get: %s -> %s: %s via %s%s%s%s, %.1f MB/s\n", options.path.c_str(), options.output.c_str(),
-              format_size(f.size).c_str(), to_string(f.path), windows.c_str(), f.reason.empty() ? "" : " (",
-              f.reason.empty() ? "" : (f.reason + ")").c_str(), static_cast<double>(f.size) / seconds / 1e6);
+  const std::string reason = f.reason ? " (" + f.reason_text() + ")" : "";
+  std::printf("corma get: %s -> %s: %s via %s%s%s, %.1f MB/s\n", options.path.c_str(), options.output.c_str(),
+              format_size(f.size).c_str(), to_string(f.path), windows.c_str(), reason.c_str(),
+              static_cast<double>(f.size) / seconds / 1e6);
   return 0;
 }
 

@@ -149,6 +149,12 @@ asio::awaitable<Result<ManyFetched>> Consumer::fetch_many_coroutine(std::vector<
   return fetch_many(state_, std::move(names), std::move(slots));
 }
 
+std::string FetchOutcome::reason_text() const {
+  if (!reason) return {};
+  std::string text(to_string(*reason));
+  return failure.empty() ? text : text + ": " + failure;
+}
+
 asio::any_io_executor Consumer::executor() const { return state_->executor; }
 
 std::uint16_t Consumer::protocol_version() const noexcept { return state_->version; }

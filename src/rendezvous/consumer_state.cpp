@@ -297,7 +297,7 @@ asio::awaitable<Result<FetchOutcome>> Consumer::State::fetch(std::string name, c
   if (auto* chunked = std::get_if<Chunked>(&reply)) {
     lease = chunked->lease;
     fetched.size = chunked->size;
-    fetched.reason = to_string(chunked->reason);
+    fetched.reason = chunked->reason;
     chunk = chunked->chunk_size;
     lease_timeout_ms = chunked->lease_timeout_ms;
   } else if (auto* grant = std::get_if<RdmaGrant>(&reply)) {
@@ -386,8 +386,8 @@ asio::awaitable<Result<FetchOutcome>> Consumer::State::fetch(std::string name, c
     }
     // Exactly one fallback: the chunked path on the same lease, into
     // fresh memory when the failed get's memory was taken over.
-    fetched.fell_back = true;
-    fetched.reason = "rdma failed: " + got.error().message();
+    fetched.reason = ChunkedReason::rdma_failed;
+    fetched.failure = got.error().message();
     ++stats.fallbacks;
     if (destination.registered == nullptr && !destination.sink) {
       into = co_await span_to_fill(destination, lease, fetched.size);
@@ -403,7 +403,7 @@ asio::awaitable<Result<FetchOutcome>> Consumer::State::fetch(std::string name, c
   }
   CORMA_CO_TRY(co_await release(lease));
   fetched.path = Path::chunked;
-  ++stats.decisions.chunked_by_reason[fetched.fell_back ? "rdma_failed" : fetched.reason];
+  ++stats.decisions.chunked_by_reason[std::string(to_string(*fetched.reason))];
   co_return fetched;
 }
 

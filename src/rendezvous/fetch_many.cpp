@@ -179,7 +179,7 @@ class ManyFetch {
         object.lease = chunked->lease;
         object.chunk = chunked->chunk_size;
         object.outcome.size = chunked->size;
-        object.outcome.reason = to_string(chunked->reason);
+        object.outcome.reason = chunked->reason;
         object.needs_chunks = true;
         batch.kept.push_back(s_.leases->keep(chunked->lease, chunked->lease_timeout_ms));
       } else if (auto* window = std::get_if<RdmaWindow>(&grant)) {
@@ -240,8 +240,8 @@ class ManyFetch {
       auto get = co_await batched_get(object);
       if (!get) {
         object.needs_chunks = true;
-        object.outcome.fell_back = true;
-        object.outcome.reason = "rdma failed: " + get.error().message();
+        object.outcome.reason = ChunkedReason::rdma_failed;
+        object.outcome.failure = get.error().message();
         continue;
       }
       gets.push_back(std::move(get).value());
@@ -276,8 +276,8 @@ class ManyFetch {
         object.failed = ended_;
       } else {
         object.needs_chunks = true;
-        object.outcome.fell_back = true;
-        object.outcome.reason = "rdma failed: " + failed[r]->message();
+        object.outcome.reason = ChunkedReason::rdma_failed;
+        object.outcome.failure = failed[r]->message();
       }
     }
   }
@@ -300,8 +300,8 @@ class ManyFetch {
       object.failed = ended_;
     } else {
       object.needs_chunks = true;
-      object.outcome.fell_back = true;
-      object.outcome.reason = "rdma failed: " + got.error().message();
+      object.outcome.reason = ChunkedReason::rdma_failed;
+      object.outcome.failure = got.error().message();
     }
   }
 
@@ -352,9 +352,9 @@ class ManyFetch {
       if (object.outcome.path == Path::rdma) {
         ++s_.stats.decisions.rdma;
       } else {
-        ++s_.stats.decisions.chunked_by_reason[object.outcome.fell_back ? "rdma_failed" : object.outcome.reason];
+        ++s_.stats.decisions.chunked_by_reason[std::string(to_string(*object.outcome.reason))];
       }
-      if (object.outcome.fell_back) ++s_.stats.fallbacks;
+      if (object.outcome.fell_back()) ++s_.stats.fallbacks;
       outcomes_[object.index] = std::move(object.outcome);
     }
   }

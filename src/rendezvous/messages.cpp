@@ -278,7 +278,7 @@ Result<Chunked> get_chunked(Reader& in) {
   CORMA_TRY(m.lease_timeout_ms, in.u32("chunked lease timeout"));
   CORMA_TRY(auto reason, in.u8("chunked reason"));
   if (reason < static_cast<std::uint8_t>(ChunkedReason::budget) ||
-      reason > static_cast<std::uint8_t>(ChunkedReason::no_window)) {
+      reason > static_cast<std::uint8_t>(last_wire_reason)) {
     return fail(errc::protocol, "unknown chunked reason " + std::to_string(reason));
   }
   m.reason = static_cast<ChunkedReason>(reason);
@@ -460,19 +460,6 @@ std::string_view type_name(MessageType type) noexcept {
   return "unknown";
 }
 
-std::string_view to_string(ChunkedReason reason) noexcept {
-  switch (reason) {
-    case ChunkedReason::budget: return "budget";
-    case ChunkedReason::not_configured: return "not_configured";
-    case ChunkedReason::below_threshold: return "below_threshold";
-    case ChunkedReason::draining: return "draining";
-    case ChunkedReason::no_offer: return "no_offer";
-    case ChunkedReason::backend_mismatch: return "backend_mismatch";
-    case ChunkedReason::registration_failed: return "registration_failed";
-    case ChunkedReason::no_window: return "no_window";
-  }
-  return "unknown";
-}
 
 MessageType type_of(const Message& message) noexcept { return types_in_order[message.index()]; }
 

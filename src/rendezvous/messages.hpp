@@ -72,18 +72,11 @@ enum class MessageType : std::uint8_t { CORMA_RENDEZVOUS_MESSAGES(CORMA_MESSAGE_
 /// The message's name as the protocol document spells it ("acquire_many").
 [[nodiscard]] std::string_view type_name(MessageType type) noexcept;
 
-/// Why an owner answered `chunked` instead of granting RDMA.
-enum class ChunkedReason : std::uint8_t {
-  budget = 1,               ///< the registry's budget had no room
-  not_configured = 2,       ///< the owner's backend cannot expose memory (e.g. untrusted tcp)
-  below_threshold = 3,      ///< too small to be worth a registration
-  draining = 4,             ///< the owner is shutting down
-  no_offer = 5,             ///< the consumer made no RDMA offer
-  backend_mismatch = 6,     ///< the consumer offered another backend
-  registration_failed = 7,  ///< the backend refused the registration
-  no_window = 8,            ///< not even the smallest window fits the budget (version 2)
-};
-[[nodiscard]] std::string_view to_string(ChunkedReason reason) noexcept;
+/// Why an owner answered `chunked`: corma::ChunkedReason, up to no_window
+/// (rdma_failed never travels).
+using corma::ChunkedReason;
+inline constexpr ChunkedReason last_wire_reason = ChunkedReason::no_window;
+
 
 /// Consumer → owner, first frame: protocol version and, optionally, an RDMA
 /// peer offer for one backend.

@@ -96,7 +96,7 @@ TEST_F(Landing, AFailedRdmaReadFallsBackToChunksInTheSink) {
   auto outcome = fetch_to(consumer_registry, "big");
   ASSERT_TRUE(outcome) << outcome.error().message();
   EXPECT_EQ(outcome.value().path, Path::chunked);
-  EXPECT_TRUE(outcome.value().fell_back);
+  EXPECT_TRUE(outcome.value().fell_back());
   EXPECT_EQ(landed.asked, 1U) << "the fallback asks for no second landing";
   EXPECT_EQ(collected.bytes, big);
   EXPECT_EQ(owner->stats().live_leases, 0U);
@@ -109,7 +109,7 @@ TEST_F(Landing, ALandingTheBackendCannotRegisterIsReplacedByFreshMemoryForTheSin
   auto outcome = fetch_to(consumer_registry, "big");
   ASSERT_TRUE(outcome) << outcome.error().message();
   EXPECT_EQ(outcome.value().path, Path::rdma) << "still read over RDMA, not a fallback";
-  EXPECT_FALSE(outcome.value().fell_back);
+  EXPECT_FALSE(outcome.value().fell_back());
   EXPECT_EQ(collected.calls, 1U) << "the sink was handed the object whole";
   EXPECT_EQ(collected.bytes, big);
   EXPECT_EQ(landed.memory, std::vector<std::byte>(big.size())) << "nothing landed in the refused memory";

@@ -190,15 +190,15 @@ TEST(FrameLayout, TypeOfEveryMessage) {
 }
 
 TEST(FrameLayout, ChunkedReasonNames) {
-  EXPECT_EQ(rv::to_string(rv::ChunkedReason::budget), "budget");
-  EXPECT_EQ(rv::to_string(rv::ChunkedReason::not_configured), "not_configured");
-  EXPECT_EQ(rv::to_string(rv::ChunkedReason::below_threshold), "below_threshold");
-  EXPECT_EQ(rv::to_string(rv::ChunkedReason::draining), "draining");
-  EXPECT_EQ(rv::to_string(rv::ChunkedReason::no_offer), "no_offer");
-  EXPECT_EQ(rv::to_string(rv::ChunkedReason::backend_mismatch), "backend_mismatch");
-  EXPECT_EQ(rv::to_string(rv::ChunkedReason::registration_failed), "registration_failed");
-  EXPECT_EQ(rv::to_string(rv::ChunkedReason::no_window), "no_window");
-  EXPECT_EQ(rv::to_string(static_cast<rv::ChunkedReason>(0)), "unknown");
+  EXPECT_EQ(corma::to_string(rv::ChunkedReason::budget), "budget");
+  EXPECT_EQ(corma::to_string(rv::ChunkedReason::not_configured), "not_configured");
+  EXPECT_EQ(corma::to_string(rv::ChunkedReason::below_threshold), "below_threshold");
+  EXPECT_EQ(corma::to_string(rv::ChunkedReason::draining), "draining");
+  EXPECT_EQ(corma::to_string(rv::ChunkedReason::no_offer), "no_offer");
+  EXPECT_EQ(corma::to_string(rv::ChunkedReason::backend_mismatch), "backend_mismatch");
+  EXPECT_EQ(corma::to_string(rv::ChunkedReason::registration_failed), "registration_failed");
+  EXPECT_EQ(corma::to_string(rv::ChunkedReason::no_window), "no_window");
+  EXPECT_EQ(corma::to_string(static_cast<rv::ChunkedReason>(0)), "unknown");
 }
 
 // ---- round trips -------------------------------------------------------------------

@@ -61,7 +61,7 @@ TEST_F(Windows, AnObjectLargerThanTheBudgetIsReadOverRdmaWindowByWindow) {
   auto c = consumer();
   auto fetched = fetch(*c, "huge");
   EXPECT_EQ(fetched.path, Path::rdma);
-  EXPECT_FALSE(fetched.fell_back) << fetched.reason;
+  EXPECT_FALSE(fetched.fell_back()) << fetched.reason_text();
   EXPECT_TRUE(same_bytes(fetched.data.bytes().first(fetched.size), huge));
   // Alone, the lease's windows are half the budget (the other half kept
   // for a newcomer), less the page the registration rounds to: the object
@@ -110,7 +110,7 @@ TEST_F(Windows, ChunkedOnlyWhenNotEvenTheSmallestWindowFits) {
   auto c = consumer();
   auto fetched = fetch(*c, "huge");
   EXPECT_EQ(fetched.path, Path::chunked);
-  EXPECT_EQ(fetched.reason, "no_window");
+  EXPECT_EQ(fetched.reason, corma::ChunkedReason::no_window);
   EXPECT_TRUE(same_bytes(fetched.data.bytes().first(fetched.size), huge));
   EXPECT_EQ(owner->stats().windows, 0U);
 }
@@ -120,7 +120,7 @@ TEST_F(Windows, AVersionOneConsumerIsServedInChunksAsBefore) {
   auto c = consumer(1);
   auto fetched = fetch(*c, "huge");
   EXPECT_EQ(fetched.path, Path::chunked);
-  EXPECT_EQ(fetched.reason, "budget");
+  EXPECT_EQ(fetched.reason, corma::ChunkedReason::budget);
   EXPECT_TRUE(same_bytes(fetched.data.bytes().first(fetched.size), huge));
 }
 
@@ -130,7 +130,7 @@ TEST_F(Windows, AFailedWindowFallsBackToChunksExactlyOnce) {
   auto c = consumer();
   auto fetched = fetch(*c, "huge");
   EXPECT_EQ(fetched.path, Path::chunked);
-  EXPECT_TRUE(fetched.fell_back);
+  EXPECT_TRUE(fetched.fell_back());
   EXPECT_TRUE(same_bytes(fetched.data.bytes().first(fetched.size), huge));
   EXPECT_EQ(c->stats().fallbacks, 1U);
   EXPECT_EQ(owner->stats().live_leases, 0U);

@@ -117,7 +117,7 @@ TEST_P(UntrustedOwner, TakesNoOfferAndServesChunks) {
     EXPECT_TRUE(fetched) << fetched.error().message();
     if (!fetched) co_return;
     EXPECT_EQ(fetched.value().path, Path::chunked);
-    EXPECT_EQ(fetched.value().reason, "no_offer");
+    EXPECT_EQ(fetched.value().reason, corma::ChunkedReason::no_offer);
     EXPECT_EQ(std::memcmp(fetched.value().data.data(), big.data(), big.size()), 0);
   }());
 }

@@ -1,3 +1,5 @@
+// The rendezvous vocabulary every user shares: what a name may be, and
+// the reasons an object came in chunks.
 #include <corma/rendezvous.hpp>
 
 namespace corma {
@@ -15,6 +17,21 @@ Result<void> check_object_name(std::string_view name) {
     }
   }
   return success();
+}
+
+std::string_view to_string(ChunkedReason reason) noexcept {
+  switch (reason) {
+    case ChunkedReason::budget: return "budget";
+    case ChunkedReason::not_configured: return "not_configured";
+    case ChunkedReason::below_threshold: return "below_threshold";
+    case ChunkedReason::draining: return "draining";
+    case ChunkedReason::no_offer: return "no_offer";
+    case ChunkedReason::backend_mismatch: return "backend_mismatch";
+    case ChunkedReason::registration_failed: return "registration_failed";
+    case ChunkedReason::no_window: return "no_window";
+    case ChunkedReason::rdma_failed: return "rdma_failed";
+  }
+  return "unknown";
 }
 
 }  // namespace corma
