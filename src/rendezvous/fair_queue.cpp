@@ -7,7 +7,7 @@ namespace corma::rendezvous {
 void FairQueue::push(std::uint64_t connection, std::shared_ptr<Job> job) {
   auto& queue = queues_[connection];
   if (queue.jobs.empty()) {
-    queue.served = std::max(queue.served, clock_);
+    queue.served = std::max(queue.served, clock_ - std::min(clock_, std::uint64_t{units_per_go}));
     ready_.emplace(queue.served, connection);
   }
   queue.jobs.push_back(std::move(job));
@@ -24,14 +24,21 @@ std::size_t FairQueue::run(std::size_t budget) {
     const auto units = std::max<std::size_t>(job->run(std::min(budget - done, units_per_go)), 1);
     done += units;
     queue.served += units;
-    if (job->finished()) queue.jobs.pop_front();
+    const bool job_done = job->finished();
+    if (job_done) queue.jobs.pop_front();
     if (queue.jobs.empty()) {
       queues_.erase(connection);  // it starts again from the clock
     } else {
       ready_.emplace(queue.served, connection);
     }
+    if (job_done && on_job_done) on_job_done(connection);
   }
   return done;
+}
+
+std::size_t FairQueue::queued(std::uint64_t connection) const {
+  auto it = queues_.find(connection);
+  return it == queues_.end() ? 0 : it->second.jobs.size();
 }
 
 void FairQueue::drop(std::uint64_t connection) {

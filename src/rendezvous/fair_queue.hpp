@@ -5,14 +5,16 @@
 //
 // Start-time fair queueing over connections: each connection counts the
 // units of work (names) it has had done; the connection with the smallest
-// count goes next, and one that had nothing queued starts at the count of
-// the connection served last, so neither a flood nor a long idle spell
-// moves it ahead of or behind the others by more than one turn.
+// count goes next. One that had nothing queued starts one go ahead of the
+// connection served last, so a newcomer's request is taken next (the
+// sparse-flow priority of FQ-CoDel), while neither a flood nor a long idle
+// spell moves it ahead of the others by more than that one go.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <set>
 #include <unordered_map>
@@ -47,6 +49,11 @@ class FairQueue {
 
   /// Abandons every job queued for `connection`.
   void drop(std::uint64_t connection);
+
+  /// Jobs queued for `connection` that have not run to their end.
+  [[nodiscard]] std::size_t queued(std::uint64_t connection) const;
+  /// Called with the connection whenever one of its jobs has run to its end.
+  std::function<void(std::uint64_t)> on_job_done;
 
   [[nodiscard]] bool empty() const noexcept { return ready_.empty(); }
   /// Connections with jobs queued.

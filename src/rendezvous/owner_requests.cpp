@@ -188,6 +188,21 @@ void Owner::State::queue_request(const Session& session, AnswerQueue& answers, F
   if (dispatcher_waiting) work_arrived.cancel();
 }
 
+asio::awaitable<void> Owner::State::until_work_taken(std::uint64_t session) {
+  if (work.queued(session) < max_jobs_queued) co_return;
+  asio::steady_timer woken(executor, asio::steady_timer::time_point::max());
+  struct Listed {  // unlisted however the wait ends
+    std::unordered_map<std::uint64_t, asio::steady_timer*>& readers;
+    std::uint64_t session;
+    ~Listed() { readers.erase(session); }
+  } listed{readers_waiting, session};
+  readers_waiting[session] = &woken;
+  while (work.queued(session) >= max_jobs_queued) {
+    (void)co_await woken.async_wait(asio::as_tuple(asio::use_awaitable));
+    woken.expires_at(asio::steady_timer::time_point::max());
+  }
+}
+
 asio::awaitable<void> Owner::State::dispatch() {
   auto self = shared_from_this();
   while (!draining || !work.empty()) {
@@ -201,10 +216,14 @@ asio::awaitable<void> Owner::State::dispatch() {
     // Once per turn, not per name: every name of the turn sees what changed
     // before its request arrived.
     if (refresh_resolver) refresh_resolver();
-    // A turn gives every connection with work one go: a newcomer then waits
-    // for at most one go of each, in one turn, however many connections
-    // have work queued.
-    work.run(std::clamp(work.ready() * FairQueue::units_per_go, work_quantum, max_work_turn));
+    // A turn is bounded by time, not names: what a name costs varies a
+    // hundredfold (a cached file, a first registration, a slow machine),
+    // and a newcomer's request, read after this turn, goes first in the
+    // next one (fair_queue.hpp), so it waits for about one turn.
+    const auto turn_ends = std::chrono::steady_clock::now() + max_work_turn;
+    do {
+      work.run(FairQueue::units_per_go);
+    } while (!work.empty() && std::chrono::steady_clock::now() < turn_ends);
     // The connections' reads and writes (a newcomer's hello among them) go
     // before the next turn.
     co_await asio::post(executor, asio::use_awaitable);

@@ -155,18 +155,31 @@ struct Owner::State : std::enable_shared_from_this<State> {
   OwnerStats stats;
   boost::asio::steady_timer reaper;
   /// Acquires and windows of every connection, taken in turns by cost
-  /// (fair_queue.hpp) by dispatch(), a turn at a time (one go for each
-  /// connection with work, within [work_quantum, max_work_turn] names),
-  /// each turn followed by the connections' I/O.
+  /// (fair_queue.hpp) by dispatch(), a turn at a time (gos until
+  /// max_work_turn has passed), each turn followed by the connections' I/O.
   rendezvous::FairQueue work;
-  static constexpr std::size_t work_quantum = 64;
-  static constexpr std::size_t max_work_turn = 4096;
+  static constexpr std::chrono::microseconds max_work_turn{2000};
   /// Woken (cancelled) when work arrives while dispatch() waits for it.
   boost::asio::steady_timer work_arrived;
   bool dispatcher_waiting = false;
+  /// A connection reads its next frame only while it has fewer than this
+  /// many jobs in the fair queue: the rest of a flood waits unread, in its
+  /// socket, so that an event-loop turn reads a frame from the connections
+  /// whose work moved on rather than from every connection, and a
+  /// newcomer's frame is read within a short turn.
+  static constexpr std::size_t max_jobs_queued = 2;
+  /// Readers waiting for their connection's queue to shrink, woken
+  /// (cancelled) when one of its jobs ends (FairQueue::on_job_done).
+  std::unordered_map<std::uint64_t, boost::asio::steady_timer*> readers_waiting;
+  /// Returns once `session` has fewer than max_jobs_queued jobs queued.
+  Awaitable<void> until_work_taken(std::uint64_t session);
 
   State(boost::asio::any_io_executor ex, std::shared_ptr<Registry> r, OwnerConfig c)
-      : executor(ex), registry(std::move(r)), config(c), reaper(ex), work_arrived(ex) {}
+      : executor(ex), registry(std::move(r)), config(c), reaper(ex), work_arrived(ex) {
+    work.on_job_done = [this](std::uint64_t session) {
+      if (auto it = readers_waiting.find(session); it != readers_waiting.end()) it->second->cancel();
+    };
+  }
 
   // ---- objects, leases, batches (owner_leases.cpp) ----
 

@@ -23,7 +23,16 @@ class Flood : public TwoProcesses {
     return bytes;
   }
 
-  /// Every fetch succeeded in less than a second; prints the figures.
+  /// How long a fresh fetch may take: a second, as promised; under a
+  /// sanitizer, which slows every process several times over, the test
+  /// checks that nobody is starved rather than the figure.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  static constexpr double quick_ms = 5000;
+#else
+  static constexpr double quick_ms = 1000;
+#endif
+
+  /// Every fetch succeeded within quick_ms; prints the figures.
   static void expect_quick(const std::vector<double>& took, const std::string& failures, const char* during) {
     double slowest = 0;
     for (double ms : took) slowest = std::max(slowest, ms);
@@ -33,7 +42,7 @@ class Flood : public TwoProcesses {
     if (!failures.empty()) std::printf("%s\n", failures.c_str());
     for (double ms : took) {
       EXPECT_GE(ms, 0) << "a fresh fetch failed";
-      EXPECT_LT(ms, 1000) << "a fresh fetch took " << ms << " ms";
+      EXPECT_LT(ms, quick_ms) << "a fresh fetch took " << ms << " ms";
     }
   }
 };
@@ -67,8 +76,11 @@ TEST_F(Flood, AFreshFetchIsQuickThroughoutTwoHundredConnectionsPipeliningBatches
   const auto start = std::chrono::steady_clock::now();
   {
     Flooders flood(port, flooders, frames(opening), frames(more), true);
+    // Ten fetches at least, over two seconds of flood at least.
     const auto fetched_before = fresh.done();
-    while (fresh.done() < fetched_before + 10) ::poll(nullptr, 0, 10);
+    while (fresh.done() < fetched_before + 10 || std::chrono::steady_clock::now() - start < std::chrono::seconds(2)) {
+      ::poll(nullptr, 0, 10);
+    }
     const auto grown = resident_bytes(server.pid);
     std::printf("[ figure ] server resident set %.1f -> %.1f MiB while flooded\n",
                 static_cast<double>(before) / (1 << 20), static_cast<double>(grown) / (1 << 20));

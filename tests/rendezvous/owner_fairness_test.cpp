@@ -68,6 +68,40 @@ TEST(FairQueue, ADroppedConnectionsJobsAreAbandonedAndNeverRun) {
   EXPECT_EQ(log, "");
 }
 
+TEST(FairQueue, ANewcomerGoesAheadOfConnectionsLevelWithEachOtherButOnlyByOneGo) {
+  rv::FairQueue queue;
+  std::string log;
+  // Three backlogged connections, in the middle of their second round: c
+  // has had one go fewer than a and b.
+  for (char c : {'a', 'b', 'c'}) queue.push(static_cast<std::uint64_t>(c), std::make_shared<CountingJob>(100, c, log));
+  queue.run(5 * rv::FairQueue::units_per_go);
+  EXPECT_EQ(log, "abcab");
+  queue.push('n', std::make_shared<CountingJob>(3 * rv::FairQueue::units_per_go, 'n', log));
+  queue.run(5 * rv::FairQueue::units_per_go);
+  // The newcomer goes first, even before c, and is then level with c: one
+  // go ahead, no more.
+  EXPECT_EQ(log.substr(5), "ncnab") << log;
+}
+
+TEST(FairQueue, CountsEachConnectionsJobsAndSaysWhenOneEnds) {
+  rv::FairQueue queue;
+  std::string log;
+  std::vector<std::uint64_t> ended;
+  queue.on_job_done = [&ended](std::uint64_t connection) { ended.push_back(connection); };
+  queue.push(1, std::make_shared<CountingJob>(rv::FairQueue::units_per_go, 'a', log));
+  queue.push(1, std::make_shared<CountingJob>(2 * rv::FairQueue::units_per_go, 'a', log));
+  EXPECT_EQ(queue.queued(1), 2u);
+  EXPECT_EQ(queue.queued(2), 0u);
+  queue.run(rv::FairQueue::units_per_go);
+  EXPECT_EQ(queue.queued(1), 1u);
+  EXPECT_EQ(ended, std::vector<std::uint64_t>{1});
+  queue.run(rv::FairQueue::units_per_go);  // half of the second job: not ended
+  EXPECT_EQ(ended.size(), 1u);
+  queue.run(rv::FairQueue::units_per_go);
+  EXPECT_EQ(queue.queued(1), 0u);
+  EXPECT_EQ(ended, (std::vector<std::uint64_t>{1, 1}));
+}
+
 // ---- the owner ----
 
 /// An owner whose objects come from a resolver that serves `count` small
