@@ -17,6 +17,9 @@ struct Measurement {
   std::vector<double> raw;  ///< empty when there is no raw counterpart
   std::string target;       ///< the issue's target for this point, if any
   bool target_met = true;
+  /// What `raw` measured: raw UCX, unless a point compares corma with
+  /// another way of using corma (one consumer against eight, say).
+  std::string baseline = "raw UCX";
 
   [[nodiscard]] double corma_median() const;
   [[nodiscard]] double corma_p99() const;

@@ -94,4 +94,9 @@ double raw_get_loop(RawWorker& worker, ucp_ep_h ep, std::byte* local, std::uint6
 double raw_get_batches(RawWorker& worker, ucp_ep_h ep, std::byte* local, std::uint64_t remote, ucp_rkey_h rkey,
                        std::size_t size, std::size_t batch, std::size_t batches);
 
+/// Like raw_get_batches with puts: each round's puts are posted without
+/// callbacks and completed by one endpoint flush.
+double raw_put_batches(RawWorker& worker, ucp_ep_h ep, std::byte* local, std::uint64_t remote, ucp_rkey_h rkey,
+                       std::size_t size, std::size_t batch, std::size_t batches);
+
 }  // namespace corma::bench

@@ -93,6 +93,7 @@ std::string render_json(const std::vector<Measurement>& results, const Machine& 
                          {"corma", {{"p50", m.corma_median()}, {"p99", m.corma_p99()}, {"samples", m.corma}}}};
     if (!m.raw.empty()) {
       point["raw"] = {{"p50", m.raw_median()}, {"p99", m.raw_p99()}, {"samples", m.raw}};
+      point["baseline"] = m.baseline;
       point["ratio"] = m.ratio();
     }
     if (!m.target.empty()) point["target"] = {{"rule", m.target}, {"met", m.target_met}};

@@ -4,6 +4,7 @@
 
 #include "bench_support.hpp"
 #include "fetch_many.hpp"
+#include "parallel_fetch.hpp"
 #include "file_fetch.hpp"
 #include "owner_names.hpp"
 #include "raw_ucx.hpp"
@@ -57,7 +58,7 @@ struct CormaPair {
 
   /// A get of `size` bytes at `offset` on both sides, naming the imported key.
   [[nodiscard]] GetRequest get(std::size_t offset, std::size_t size) const {
-    return GetRequest{peer, local.id, offset, remote.effective_addr + offset, size, {}, key};
+    return GetRequest{peer, local.id, offset, remote.effective_addr + offset, size, key};
   }
 
   CormaPair(const std::string& transport, std::byte* remote_memory, std::byte* local_memory, std::size_t size) {
@@ -120,10 +121,10 @@ double corma_get_loop(CormaPair& pair, std::size_t size, std::size_t window, std
   return std::chrono::duration<double>(clock_type::now() - start).count();
 }
 
-/// `batches` batches of `batch` gets of `size` through corma (element i at
-/// offset i * size on both sides), each submitted from the previous one's
-/// completion on the progress thread. Returns seconds.
-double corma_get_batches(CormaPair& pair, std::size_t size, std::size_t batch, std::size_t batches) {
+/// `batches` batches of `batch` gets (or puts) of `size` through corma
+/// (element i at offset i * size on both sides), each submitted from the
+/// previous one's completion on the progress thread. Returns seconds.
+double corma_batches(CormaPair& pair, std::size_t size, std::size_t batch, std::size_t batches, bool puts) {
   TransferBatch prepared;
   for (std::size_t i = 0; i < batch; ++i) {
     prepared.push_back(pair.get(i * size, size));
@@ -131,14 +132,19 @@ double corma_get_batches(CormaPair& pair, std::size_t size, std::size_t batch, s
   std::promise<void> done;
   std::size_t left = batches;
   std::function<void()> submit = [&] {
-    pair.initiator->async_get_batch(prepared, [&](Result<BatchOutcome> outcome) {
+    auto answered = [&](Result<BatchOutcome> outcome) {
       if (!outcome || !outcome.value().all_succeeded()) throw std::runtime_error("corma batch failed");
       if (--left == 0) {
         done.set_value();
       } else {
         submit();
       }
-    });
+    };
+    if (puts) {
+      pair.initiator->async_put_batch(prepared, std::move(answered));
+    } else {
+      pair.initiator->async_get_batch(prepared, std::move(answered));
+    }
   };
   const auto start = clock_type::now();
   submit();
@@ -262,23 +268,25 @@ Measurement message_rate_callbacks(const Options& options, const std::string& tr
   return m;
 }
 
-/// Many small (or medium) gets at once: corma's batch against raw UCX
-/// posting the same gets and waiting for all of them.
-Measurement get_batch(const Options& options, const std::string& transport, CormaPair& corma, RawPair& raw,
-                      std::byte* local, std::size_t size, std::size_t batch) {
-  Measurement m{"get_batch", transport, "size=" + size_name(size) + " batch=" + std::to_string(batch), "Mops/s",
-                true, {}, {}, {}, true};
+/// Many small (or medium) gets (or puts) at once: corma's batch against
+/// raw UCX posting the same transfers and waiting for all of them (puts:
+/// with one endpoint flush behind them).
+Measurement transfer_batch(const Options& options, const std::string& transport, CormaPair& corma, RawPair& raw,
+                           std::byte* local, std::size_t size, std::size_t batch, bool puts) {
+  Measurement m{puts ? "put_batch" : "get_batch", transport,
+                "size=" + size_name(size) + " batch=" + std::to_string(batch), "Mops/s", true, {}, {}, {}, true};
   const auto round_bytes = static_cast<double>(64.0 * MiB * options.bytes_scale);
   const std::size_t batches =
       std::clamp<std::size_t>(static_cast<std::size_t>(round_bytes / static_cast<double>(size * batch)), 50,
                               static_cast<std::size_t>(2000 * options.bytes_scale) + 50);
   const double ops = static_cast<double>(batches * batch);
   for (int r = 0; r < options.rounds; ++r) {
-    m.corma.push_back(ops / corma_get_batches(corma, size, batch, batches) / 1e6);
+    m.corma.push_back(ops / corma_batches(corma, size, batch, batches, puts) / 1e6);
     RawProgressThread target(raw.target);
+    const auto remote = reinterpret_cast<std::uint64_t>(raw.remote_memory);
     m.raw.push_back(ops /
-                    raw_get_batches(raw.initiator, raw.ep, local, reinterpret_cast<std::uint64_t>(raw.remote_memory),
-                                    raw.rkey, size, batch, batches) /
+                    (puts ? raw_put_batches(raw.initiator, raw.ep, local, remote, raw.rkey, size, batch, batches)
+                          : raw_get_batches(raw.initiator, raw.ep, local, remote, raw.rkey, size, batch, batches)) /
                     1e6);
   }
   const double floor = size >= 64 * KiB ? 0.95 : 0.85;
@@ -509,7 +517,8 @@ std::vector<Measurement> run_scenarios(const Options& options) {
       for (auto size : {4 * KiB, 1 * MiB, 64 * MiB}) keep(registration(options, transport, size));
     }
     const bool transfers = selected(options, "get_bandwidth") || selected(options, "get_latency") ||
-                           selected(options, "small_get_rate") || selected(options, "get_batch");
+                           selected(options, "small_get_rate") || selected(options, "get_batch") ||
+                           selected(options, "put_batch");
     if (!transfers) continue;
     constexpr std::size_t region = 16 * MiB;
     auto remote_memory = OwnedBuffer::allocate(region);
@@ -528,9 +537,12 @@ std::vector<Measurement> run_scenarios(const Options& options) {
       keep(message_rate_callbacks(options, transport, corma, raw, local_memory.data()));
     }
     if (selected(options, "get_batch")) {
-      keep(get_batch(options, transport, corma, raw, local_memory.data(), 8, 64));
-      if (transport == "shm") keep(get_batch(options, transport, corma, raw, local_memory.data(), 64 * KiB, 16));
+      keep(transfer_batch(options, transport, corma, raw, local_memory.data(), 8, 64, false));
+      if (transport == "shm") {
+        keep(transfer_batch(options, transport, corma, raw, local_memory.data(), 64 * KiB, 16, false));
+      }
     }
+    if (selected(options, "put_batch")) keep(transfer_batch(options, transport, corma, raw, local_memory.data(), 8, 64, true));
   }
   if (selected(options, "end_to_end_fetch")) {
     for (auto size : {1 * MiB, 64 * MiB}) {
@@ -541,6 +553,9 @@ std::vector<Measurement> run_scenarios(const Options& options) {
   }
   if (selected(options, "fetch_many")) {
     for (const auto& transport : options.transports) keep(fetch_many_objects(options, transport));
+  }
+  if (selected(options, "parallel_fetch")) {
+    for (const auto& transport : options.transports) keep(parallel_fetch(options, transport));
   }
   if (selected(options, "file_fetch")) {
     keep(file_fetch_chunked(options));

@@ -123,11 +123,11 @@ inline Check check_descriptor(std::span<const std::byte> bytes) {
   } else if (!(redecoded.value() == decoded.value())) {
     c.mismatch = "decoding the re-encoding gives another descriptor";
   } else {
-    auto described = describe(to_remote_region(decoded.value()));
+    auto described = describe(decoded.value());
     if (!described) {
       c.mismatch = "describe refuses what decode accepted: " + described.error().message();
-    } else if (!(described.value() == decoded.value())) {
-      c.mismatch = "describe(to_remote_region(d)) != d";
+    } else if (!same_bytes(described.value(), bytes)) {
+      c.mismatch = "describe(decode(bytes)) != bytes";
     }
   }
   return c;

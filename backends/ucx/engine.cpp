@@ -98,8 +98,10 @@ Result<void> Backend::Engine::start() {
 
 std::size_t Backend::Engine::progress() {
   if (torn_down()) return 0;
+  flush_puts();
   std::size_t events = 0;
   while (ucp_worker_progress(worker) != 0) ++events;
+  put_flushes.remove_if([](const PutFlush& flush) { return flush.done; });
   // Completions recorded inside UCX callbacks are finished here, outside
   // UCX, where unmapping and answering callers is safe.
   while (!finished.empty()) {
@@ -196,48 +198,33 @@ Result<void> inside_key(const TransferRequest& req, std::uint64_t key_addr, std:
 
 }  // namespace
 
-Result<Backend::Engine::CachedKey> Backend::Engine::unpack_key(const PackedKey& packed, Peer& peer) {
+Result<SharedRemoteKey> Backend::Engine::unpack_key(const PackedKey& packed, Peer& peer) {
   CORMA_TRY(auto decoded, wire::decode_key(packed, local_md_map));
-  CachedKey key;
-  key.addr = decoded.addr;
-  key.len = decoded.len;
-  if (auto st = ucp_ep_rkey_unpack(peer.ep, decoded.rkey.data(), &key.rkey); st != UCS_OK) {
+  ucp_rkey_h rkey = nullptr;
+  if (auto st = ucp_ep_rkey_unpack(peer.ep, decoded.rkey.data(), &rkey); st != UCS_OK) {
     return ucs_error(errc::invalid_key, "ucp_ep_rkey_unpack", st);
   }
-  return key;
+  return std::make_shared<const RemoteKey>(rkey, decoded.addr, decoded.len);
 }
 
-Result<ucp_rkey_h> Backend::Engine::remote_key(UcxTransferOp& op, Peer& peer) {
-  const auto& req = op.request;
-  if (req.key != RemoteKeyId::none) {
-    auto imported = peer.imported.find(req.key);
-    if (imported == peer.imported.end() || imported->second.released) {
-      return fail(errc::invalid_key, "no key imported under that id for this peer");
-    }
-    CORMA_TRY(inside_key(req, imported->second.key.addr, imported->second.key.len));
-    ++imported->second.users;
-    op.uses_imported = true;
-    return imported->second.key.rkey;
-  }
-  auto cached = peer.keys.find(req.packed_key);
-  CachedKey key;
-  if (cached != peer.keys.end()) {
-    key = cached->second;
+Result<SharedRemoteKey> Backend::Engine::remote_key(const TransferRequest& req, Peer& peer) {
+  SharedRemoteKey key;
+  if (const auto* id = std::get_if<RemoteKeyId>(&req.key)) {
+    auto imported = peer.imported.find(*id);
+    if (imported == peer.imported.end()) return fail(errc::invalid_key, "no key imported under that id for this peer");
+    key = imported->second;
   } else {
-    CORMA_TRY(key, unpack_key(req.packed_key, peer));
-    if (peer.keys.size() < max_cached_keys) {
-      peer.keys.emplace(req.packed_key, key);
+    const auto& packed = std::get<PackedKey>(req.key);
+    if (auto cached = peer.keys.find(packed); cached != peer.keys.end()) {
+      key = cached->second;
     } else {
-      op.owns_rkey = true;
+      CORMA_TRY(key, unpack_key(packed, peer));
+      // Past the cap, the key is unpacked for this transfer only.
+      if (peer.keys.size() < max_cached_keys) peer.keys.emplace(packed, key);
     }
   }
-  auto inside = inside_key(req, key.addr, key.len);
-  if (!inside) {
-    if (op.owns_rkey) ucp_rkey_destroy(key.rkey);
-    op.owns_rkey = false;
-    return std::move(inside).error();
-  }
-  return key.rkey;
+  CORMA_TRY(inside_key(req, key->addr(), key->len()));
+  return key;
 }
 
 void Backend::Engine::run_transfer(const std::shared_ptr<UcxTransferOp>& op) {
@@ -255,9 +242,9 @@ void Backend::Engine::run_transfer(const std::shared_ptr<UcxTransferOp>& op) {
   }
   if (peer->second.ep == nullptr) return answer(*op, fail(errc::peer_unreachable, "peer set-up is not complete"));
   if (!rma) return answer(*op, fail(errc::not_configured, "RMA over software-emulated tcp needs trusted_peers"));
-  auto rkey = remote_key(*op, peer->second);
-  if (!rkey) return answer(*op, std::move(rkey).error());
-  op->rkey = rkey.value();
+  auto key = remote_key(req, peer->second);
+  if (!key) return answer(*op, std::move(key).error());
+  op->key = std::move(key).value();
   op->finished = &finished;
   track(op, *region.value());
   peer->second.wire_up_started = true;
@@ -268,45 +255,15 @@ void Backend::Engine::run_transfer(const std::shared_ptr<UcxTransferOp>& op) {
   param.user_data = op.get();
   std::byte* local = region.value()->addr + req.local_offset;
   ucp_ep_h ep = peer->second.ep;
-  ucs_status_ptr_t handle = nullptr;
-  if (op->is_put) {
-    // A put completes locally (the source may be reused) before the target
-    // has the bytes: the endpoint flush behind it is what says "done".
-    ucp_request_param_t put_param{};
-    ucs_status_ptr_t put = ucp_put_nbx(ep, local, req.len, req.remote_addr, op->rkey, &put_param);
-    if (UCS_PTR_IS_ERR(put)) return finish_transfer(op->id, UCS_PTR_STATUS(put));
-    if (put != nullptr) ucp_request_free(put);  // UCX releases it when it completes
-    handle = ucp_ep_flush_nbx(ep, &param);
-  } else {
-    handle = ucp_get_nbx(ep, local, req.len, req.remote_addr, op->rkey, &param);
-  }
+  if (op->is_put) return issue_put(op, ep, local);
+  ucs_status_ptr_t handle = ucp_get_nbx(ep, local, req.len, req.remote_addr, op->key->handle(), &param);
   if (UCS_PTR_IS_ERR(handle)) return finish_transfer(op->id, UCS_PTR_STATUS(handle));
   if (handle == nullptr) return finish_transfer(op->id, UCS_OK);
 }
 
 void Backend::Engine::forget_keys(Peer& peer) {
-  for (auto& [bytes, key] : peer.keys) ucp_rkey_destroy(key.rkey);
   peer.keys.clear();
-  for (auto& [id, imported] : peer.imported) ucp_rkey_destroy(imported.key.rkey);
   peer.imported.clear();
-}
-
-void Backend::Engine::retire_keys(Peer& peer) {
-  for (auto& [bytes, key] : peer.keys) retired_keys.push_back(key.rkey);
-  peer.keys.clear();
-  for (auto& [id, imported] : peer.imported) retired_keys.push_back(imported.key.rkey);
-  peer.imported.clear();
-}
-
-void Backend::Engine::end_use_of(PeerId peer_id, RemoteKeyId key_id) {
-  auto peer = peers.find(peer_id);
-  if (peer == peers.end()) return;  // its keys went with it
-  auto imported = peer->second.imported.find(key_id);
-  if (imported == peer->second.imported.end()) return;
-  if (--imported->second.users == 0 && imported->second.released) {
-    ucp_rkey_destroy(imported->second.key.rkey);
-    peer->second.imported.erase(imported);
-  }
 }
 
 void Backend::Engine::run_import_key(const std::shared_ptr<ValueOp<RemoteKeyId>>& op) {
@@ -325,21 +282,15 @@ void Backend::Engine::run_import_key(const std::shared_ptr<ValueOp<RemoteKeyId>>
   auto key = unpack_key(op->blob, peer->second);
   if (!key) return op->completion.dispatch(std::move(key).error());
   const RemoteKeyId id{new_id()};
-  peer->second.imported.emplace(id, ImportedKey{key.value(), 0, false});
+  peer->second.imported.emplace(id, std::move(key).value());
   op->completion.dispatch(id);
 }
 
 void Backend::Engine::run_release_key(const std::shared_ptr<VoidOp>& op, RemoteKeyId key_id) {
   if (closed()) return answer(*op, shut_down_error());
   for (auto& [peer_id, peer] : peers) {
-    auto imported = peer.imported.find(key_id);
-    if (imported == peer.imported.end()) continue;
-    imported->second.released = true;
-    if (imported->second.users == 0) {
-      ucp_rkey_destroy(imported->second.key.rkey);
-      peer.imported.erase(imported);
-    }
-    break;
+    // Transfers admitted with it keep it until they end.
+    if (peer.imported.erase(key_id) != 0) break;
   }
   answer(*op, success());  // idempotent
 }
@@ -356,7 +307,7 @@ void Backend::Engine::finish_transfer(std::uint64_t id, ucs_status_t status) {
   auto taken = untrack(id);
   if (!taken) return;
   auto& op = *taken;
-  drop_own_key(op);
+  op.key.reset();
 
   // The caller hears of its transfer before an unmap that waited for it.
   if (status == UCS_OK) {
@@ -386,6 +337,7 @@ bool Backend::Engine::can_force_close() const noexcept {
 }
 
 void Backend::Engine::abandon_endpoint(PeerId id, Peer& peer) {
+  flush_puts();  // the puts issued this turn end with the endpoint
   peer.broken = true;
   if (!can_force_close()) return strand_transfers_of(id, peer);
   forget_keys(peer);
@@ -417,7 +369,8 @@ void Backend::Engine::orphan_transfers_of(PeerId peer) {
 // its endpoint until UCX completes it or the worker goes, so nothing is
 // unmapped, destroyed or freed under it.
 void Backend::Engine::strand_transfers_of(PeerId id, Peer& peer) {
-  retire_keys(peer);
+  flush_puts();
+  forget_keys(peer);  // each stranded transfer holds its own
   peer.ep = nullptr;  // left to the worker's destruction
   for (auto transfer_id : transfers_where([id](const UcxTransferOp& op) { return op.request.peer == id; })) {
     auto op = untrack(transfer_id);
@@ -436,18 +389,8 @@ void Backend::Engine::release_orphan(std::uint64_t id) {
   auto op = std::move(it->second);
   orphans.erase(it);  // UCX completed its request: it never touches it again
   if (!op->stranded) return;  // its region was released with its closed endpoint
-  drop_own_key(*op);
+  op->key.reset();
   unpin(op->request.local);
-}
-
-void Backend::Engine::drop_own_key(UcxTransferOp& op) {
-  if (op.uses_imported) {
-    op.uses_imported = false;
-    end_use_of(op.request.peer, op.request.key);
-  }
-  if (op.owns_rkey && op.rkey != nullptr) ucp_rkey_destroy(op.rkey);
-  op.owns_rkey = false;
-  op.rkey = nullptr;
 }
 
 // ---- peers ----
@@ -524,6 +467,7 @@ void Backend::Engine::run_peer_complete(const std::shared_ptr<ValueOp<void>>& op
 }
 
 void Backend::Engine::run_peer_close(const std::shared_ptr<VoidOp>& op, PeerId id) {
+  flush_puts();
   if (closed()) return answer(*op, shut_down_error());
   auto it = peers.find(id);
   if (it == peers.end()) return answer(*op, success());  // idempotent
@@ -550,6 +494,6 @@ void Backend::Engine::run_peer_close(const std::shared_ptr<VoidOp>& op, PeerId i
   closing_endpoints.push_back(Closing{request, op, std::nullopt});
 }
 
-void Backend::Engine::forget_transfer(UcxTransferOp& op) { drop_own_key(op); }
+void Backend::Engine::forget_transfer(UcxTransferOp& op) { op.key.reset(); }
 
 }  // namespace corma::ucx

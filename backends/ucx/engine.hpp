@@ -4,6 +4,7 @@
 #pragma once
 
 #include "backend_kit/transfer_engine.hpp"
+#include "remote_key.hpp"
 
 #include <corma/ucx.hpp>
 
@@ -12,6 +13,7 @@
 #include <boost/asio/posix/stream_descriptor.hpp>
 
 #include <cstdint>
+#include <list>
 #include <map>
 #include <memory>
 #include <optional>
@@ -26,9 +28,7 @@ using backend_kit::ValueOp;
 using backend_kit::VoidOp;
 
 struct UcxTransferOp : TransferOp {
-  ucp_rkey_h rkey = nullptr;
-  bool owns_rkey = false;  // false: the peer's key cache owns it
-  bool uses_imported = false;  // counted among its imported key's users
+  SharedRemoteKey key;  ///< held until UCX is done with the transfer
   ucs_status_t status = UCS_OK;
   std::vector<std::uint64_t>* finished = nullptr;  // the engine's completion list
   /// Given up while UCX still holds its request: answered and no longer
@@ -38,19 +38,6 @@ struct UcxTransferOp : TransferOp {
 };
 
 struct Backend::Engine final : backend_kit::TransferEngine<UcxTransferOp> {
-  /// A packed key that passed validation and was unpacked for one peer.
-  struct CachedKey {
-    ucp_rkey_h rkey = nullptr;
-    std::uint64_t addr = 0;
-    std::uint64_t len = 0;
-  };
-  /// A key imported for a peer: released ones stay until their last
-  /// transfer ends (UCX may still read the rkey).
-  struct ImportedKey {
-    CachedKey key;
-    std::size_t users = 0;  ///< transfers admitted with it and not yet ended
-    bool released = false;
-  };
   struct Peer {
     ucp_ep_h ep = nullptr;  ///< the initiator's endpoint, once its peer is complete
     bool broken = false;
@@ -65,8 +52,10 @@ struct Backend::Engine final : backend_kit::TransferEngine<UcxTransferOp> {
     /// endpoint to it and transfer nothing towards it.
     bool reader = false;
     /// Keys are validated and unpacked once per peer, not per transfer.
-    std::map<PackedKey, CachedKey> keys;
-    std::map<RemoteKeyId, ImportedKey> imported;
+    std::map<PackedKey, SharedRemoteKey> keys;
+    /// Keys imported for this peer; a released one leaves the map and
+    /// lives on in the transfers still using it.
+    std::map<RemoteKeyId, SharedRemoteKey> imported;
   };
   /// Beyond this many keys per peer, a key is unpacked for one transfer only.
   static constexpr std::size_t max_cached_keys = 4096;
@@ -101,18 +90,14 @@ struct Backend::Engine final : backend_kit::TransferEngine<UcxTransferOp> {
   // Helpers (progress thread).
   /// Peers need RMA: untrusted tcp makes none.
   Result<void> peers_allowed() const;
-  /// The transfer's rkey (imported, or cached per peer), its remote range
+  /// The transfer's key (imported, or cached per peer), its remote range
   /// checked.
-  Result<ucp_rkey_h> remote_key(UcxTransferOp& op, Peer& peer);
+  Result<SharedRemoteKey> remote_key(const TransferRequest& request, Peer& peer);
   /// Validates a packed key and unpacks it for `peer`'s endpoint.
-  Result<CachedKey> unpack_key(const PackedKey& packed, Peer& peer);
-  /// A transfer that used an imported key ended: a released key goes once
-  /// its last user did.
-  void end_use_of(PeerId peer, RemoteKeyId key);
+  Result<SharedRemoteKey> unpack_key(const PackedKey& packed, Peer& peer);
   void finish_transfer(std::uint64_t id, ucs_status_t status);
-  void forget_keys(Peer& peer);
-  /// Keeps a peer's keys until the worker goes: a pending request may use them.
-  void retire_keys(Peer& peer);
+  /// Lets go of a peer's keys: those a transfer still uses go with it.
+  static void forget_keys(Peer& peer);
   /// The initiator's endpoint to the target that answered.
   Result<ucp_ep_h> create_endpoint(const std::vector<std::byte>& answer);
   void mark_broken(ucp_ep_h ep);
@@ -130,7 +115,17 @@ struct Backend::Engine final : backend_kit::TransferEngine<UcxTransferOp> {
   void strand_transfers_of(PeerId id, Peer& peer);
   /// UCX completed a transfer that was already given up.
   void release_orphan(std::uint64_t id);
-  void drop_own_key(UcxTransferOp& op);
+
+  // Puts (put_flush.cpp). A put completes locally before the target has
+  // its bytes; an endpoint flush says they are there. One flush per peer
+  // per progress turn completes every put issued to it in that turn (a
+  // batch of puts is one turn's worth), instead of one flush per put.
+  /// Issues `op`'s put; it is answered when its peer's next flush ends.
+  void issue_put(const std::shared_ptr<UcxTransferOp>& op, ucp_ep_h ep, const void* local);
+  /// Flushes every peer that had puts issued since the last flush. Runs at
+  /// the start of each progress turn and before an endpoint is closed.
+  void flush_puts();
+  static void on_put_flush_done(void* request, ucs_status_t status, void* user_data);
   void poll_closing();
 
   // Shutdown (engine_shutdown.cpp).
@@ -168,9 +163,15 @@ struct Backend::Engine final : backend_kit::TransferEngine<UcxTransferOp> {
   /// their requests (and call back into them), so they live until it
   /// completes them or the worker dies.
   std::map<std::uint64_t, std::shared_ptr<UcxTransferOp>> orphans;
-  /// Keys of stranded peers: a pending request may still use them, so they
-  /// are destroyed only with the worker.
-  std::vector<ucp_rkey_h> retired_keys;
+  /// Puts issued and not yet covered by a flush, by peer.
+  std::map<PeerId, std::vector<std::shared_ptr<UcxTransferOp>>> unflushed_puts;
+  /// A flush in flight and the puts it completes.
+  struct PutFlush {
+    std::vector<std::shared_ptr<UcxTransferOp>> puts;
+    std::vector<std::uint64_t>* finished = nullptr;  // the engine's completion list
+    bool done = false;
+  };
+  std::list<PutFlush> put_flushes;
 };
 
 }  // namespace corma::ucx

@@ -41,6 +41,7 @@ void Backend::Engine::note_endpoint_closing(const Peer& peer) {
 }
 
 void Backend::Engine::close_peers() {
+  flush_puts();
   // Endpoints: flushed when healthy and idle, forced otherwise (which also
   // makes UCX fail whatever is still in flight on them).
   const bool force_all = has_transfers();
@@ -48,9 +49,9 @@ void Backend::Engine::close_peers() {
   for (auto& [id, peer] : peers) {
     const bool force = force_all || peer.broken;
     if (force && !can_force_close()) {
-      // Transfers may still use its keys; the worker's destruction ends
-      // the endpoint and them.
-      retire_keys(peer);
+      // The worker's destruction ends the endpoint and the transfers on
+      // it; each holds its key until then.
+      forget_keys(peer);
       continue;
     }
     forget_keys(peer);
@@ -108,15 +109,19 @@ void Backend::Engine::tear_down() {
     wake->close(ignored);
     wake.reset();
   }
-  // Stranded transfers' keys go before the worker (they come from its
-  // pools); nothing progresses the worker any more, so no request uses them.
-  for (auto& [id, op] : orphans) drop_own_key(*op);
-  for (auto* key : retired_keys) ucp_rkey_destroy(key);
-  retired_keys.clear();
+  // Every key goes before the worker (they come from its pools): those of
+  // peers, of stranded transfers and of transfers never answered; nothing
+  // progresses the worker any more, so no request uses them.
+  for (auto& [id, peer] : peers) forget_keys(peer);
+  for (auto& [id, op] : orphans) op->key.reset();
+  for (auto id : transfers_where([](const UcxTransferOp&) { return true; })) {
+    if (auto op = share_transfer(id)) op->key.reset();
+  }
   // Destroying the worker ends every endpoint and request it still held.
   if (worker != nullptr) ucp_worker_destroy(worker);
   if (context != nullptr) ucp_cleanup(context);
   orphans.clear();  // no callback can reach them any more
+  put_flushes.clear();
   worker = nullptr;
   context = nullptr;
   mark_torn_down();

@@ -89,26 +89,25 @@ ibv_mtu to_ibv_mtu(std::uint16_t bytes) {
 
 Result<OpenedDevice> open_device(const IbvApi& api, const Config& config) {
   OpenedDevice device;
-  CORMA_TRY(device.context, open_named(api, config.device, device.name));
-  auto close_on_failure = std::unique_ptr<ibv_context, int (*)(ibv_context*)>(device.context, api.close_device);
+  CORMA_TRY(auto* opened, open_named(api, config.device, device.name));
+  device.context = own<OwnedContext>(api, opened);  // closed again on any failure below
   const std::string where = device.name + " port " + std::to_string(config.port);
-  if (int rc = api.query_device(device.context, &device.device_attr); rc != 0) {
+  if (int rc = api.query_device(device.context.get(), &device.device_attr); rc != 0) {
     return not_configured("ibv_query_device on " + device.name + ": " + errno_text(rc));
   }
-  if (int rc = api.query_port(device.context, config.port, &device.port_attr); rc != 0) {
+  if (int rc = api.query_port(device.context.get(), config.port, &device.port_attr); rc != 0) {
     return not_configured("ibv_query_port on " + where + ": " + errno_text(rc));
   }
   if (device.port_attr.state != IBV_PORT_ACTIVE) return not_configured(where + " is not active");
   if (config.gid_index) {
     device.gid_index = *config.gid_index;
-    if (api.query_gid(device.context, config.port, device.gid_index, &device.gid) != 0) {
+    if (api.query_gid(device.context.get(), config.port, device.gid_index, &device.gid) != 0) {
       return not_configured(where + " has no GID at index " + std::to_string(device.gid_index));
     }
   } else if (device.port_attr.link_layer == IBV_LINK_LAYER_ETHERNET) {
-    CORMA_TRY(device.gid_index, choose_roce_gid(api, device.context, config.port, device.port_attr.gid_tbl_len));
-    (void)api.query_gid(device.context, config.port, device.gid_index, &device.gid);
+    CORMA_TRY(device.gid_index, choose_roce_gid(api, device.context.get(), config.port, device.port_attr.gid_tbl_len));
+    (void)api.query_gid(device.context.get(), config.port, device.gid_index, &device.gid);
   }
-  close_on_failure.release();
   return device;
 }
 

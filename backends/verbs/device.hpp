@@ -4,6 +4,7 @@
 #pragma once
 
 #include "ibv_api.hpp"
+#include "owned.hpp"
 
 #include <corma/verbs.hpp>
 
@@ -12,7 +13,7 @@
 namespace corma::verbs {
 
 struct OpenedDevice {
-  ibv_context* context = nullptr;
+  OwnedContext context;
   std::string name;
   ibv_device_attr device_attr{};
   ibv_port_attr port_attr{};

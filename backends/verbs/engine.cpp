@@ -62,11 +62,13 @@ Result<void> Backend::Engine::start() {
   const int device_rd = device.device_attr.max_qp_rd_atom > 0 ? device.device_attr.max_qp_rd_atom : 1;
   rd_atomic = config.max_rd_atomic != 0 ? config.max_rd_atomic : static_cast<std::uint32_t>(std::min(device_rd, 16));
   auto started = [&]() -> Result<void> {
-    pd = api->alloc_pd(device.context);
+    ibv_context* context = device.context.get();
+    pd = own<OwnedPd>(*api, api->alloc_pd(context));
     if (pd == nullptr) return call_failed(errc::not_configured, "ibv_alloc_pd", errno);
-    channel = api->create_comp_channel(device.context);
+    channel = own<OwnedChannel>(*api, api->create_comp_channel(context));
     if (channel == nullptr) return call_failed(errc::not_configured, "ibv_create_comp_channel", errno);
-    cq = api->create_cq(device.context, static_cast<int>(config.completion_queue_depth), nullptr, channel, 0);
+    cq = own<OwnedCq>(*api, api->create_cq(context, static_cast<int>(config.completion_queue_depth), nullptr,
+                                            channel.get(), 0));
     if (cq == nullptr) return call_failed(errc::not_configured, "ibv_create_cq", errno);
     CORMA_TRY(cq_wake, watch_fd(io, channel->fd, "completion channel fd"));
     CORMA_TRY(async_wake, watch_fd(io, device.context->async_fd, "async event fd"));
@@ -88,17 +90,11 @@ void Backend::Engine::tear_down() {
   if (async_wake) async_wake->close(ignored);
   cq_wake.reset();
   async_wake.reset();
-  if (cq != nullptr) {
-    consume_cq_events();  // every event acknowledged, or destroying the CQ blocks
-    api->destroy_cq(cq);
-  }
-  if (channel != nullptr) api->destroy_comp_channel(channel);
-  if (pd != nullptr) api->dealloc_pd(pd);
-  if (device.context != nullptr) api->close_device(device.context);
-  cq = nullptr;
-  channel = nullptr;
-  pd = nullptr;
-  device.context = nullptr;
+  if (cq != nullptr) consume_cq_events();  // every event acknowledged, or destroying the CQ blocks
+  cq.reset();
+  channel.reset();
+  pd.reset();
+  device.context.reset();
   mark_torn_down();
 }
 
@@ -110,10 +106,10 @@ Result<backend_kit::EngineCore::Registration> Backend::Engine::provider_map(void
   errno = 0;
   ibv_mr* mr = nullptr;
   if (config.relaxed_ordering && api->reg_mr_iova2 != nullptr) {
-    mr = api->reg_mr_iova2(pd, ptr, len, reinterpret_cast<std::uint64_t>(ptr),
+    mr = api->reg_mr_iova2(pd.get(), ptr, len, reinterpret_cast<std::uint64_t>(ptr),
                            static_cast<unsigned>(flags | IBV_ACCESS_RELAXED_ORDERING));
   } else {
-    mr = api->reg_mr(pd, ptr, len, flags);
+    mr = api->reg_mr(pd.get(), ptr, len, flags);
   }
   if (mr == nullptr) return call_failed(errc::backend, "ibv_reg_mr", errno != 0 ? errno : EINVAL);
   // The NIC pins whole pages: report the page-enclosing range.
@@ -136,10 +132,10 @@ Result<void> Backend::Engine::provider_unmap(void* handle) {
 
 // ---- queue pairs ----
 
-Result<ibv_qp*> Backend::Engine::create_qp() {
+Result<OwnedQp> Backend::Engine::create_qp() {
   ibv_qp_init_attr init{};
-  init.send_cq = cq;
-  init.recv_cq = cq;
+  init.send_cq = cq.get();
+  init.recv_cq = cq.get();
   init.qp_type = IBV_QPT_RC;
   init.sq_sig_all = 0;
   init.cap.max_send_wr = config.send_queue_depth;
@@ -147,7 +143,7 @@ Result<ibv_qp*> Backend::Engine::create_qp() {
   init.cap.max_send_sge = 1;
   init.cap.max_recv_sge = 1;
   errno = 0;
-  ibv_qp* qp = api->create_qp(pd, &init);
+  auto qp = own<OwnedQp>(*api, api->create_qp(pd.get(), &init));
   if (qp == nullptr) return call_failed(errc::backend, "ibv_create_qp", errno != 0 ? errno : EINVAL);
   ibv_qp_attr attr{};
   attr.qp_state = IBV_QPS_INIT;
@@ -156,9 +152,8 @@ Result<ibv_qp*> Backend::Engine::create_qp() {
   // The queue pair admits remote reads and writes; each region's own access
   // flags decide what a peer may really do.
   attr.qp_access_flags = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
-  if (int rc = api->modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+  if (int rc = api->modify_qp(qp.get(), &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
       rc != 0) {
-    api->destroy_qp(qp);
     return call_failed(errc::backend, "ibv_modify_qp(INIT)", rc);
   }
   return qp;
@@ -202,21 +197,18 @@ Result<void> Backend::Engine::connect_qp(ibv_qp* qp, const wire::QpEndpoint& loc
   return success();
 }
 
-Result<PeerId> Backend::Engine::add_peer(ibv_qp* qp, const wire::QpEndpoint& local) {
+Result<PeerId> Backend::Engine::add_peer(OwnedQp qp, const wire::QpEndpoint& local) {
   const PeerId id{new_id()};
+  peer_by_qp_num.emplace(qp->qp_num, id);
   Peer peer;
-  peer.qp = qp;
+  peer.qp = std::move(qp);
   peer.local = local;
   peers.emplace(id, std::move(peer));
-  peer_by_qp_num.emplace(qp->qp_num, id);
   return id;
 }
 
 void Backend::Engine::destroy_peer(std::map<PeerId, Peer>::iterator it) {
-  if (it->second.qp != nullptr) {
-    peer_by_qp_num.erase(it->second.qp->qp_num);
-    api->destroy_qp(it->second.qp);
-  }
+  if (it->second.qp != nullptr) peer_by_qp_num.erase(it->second.qp->qp_num);
   auto waiter = std::move(it->second.close_waiter);
   peers.erase(it);
   if (waiter) answer(*waiter, success());
@@ -226,7 +218,7 @@ void Backend::Engine::break_peer(Peer& peer, const Error& why) {
   if (!peer.broken && peer.qp != nullptr) {
     ibv_qp_attr attr{};
     attr.qp_state = IBV_QPS_ERR;
-    (void)api->modify_qp(peer.qp, &attr, IBV_QP_STATE);  // already there when the NIC put it there
+    (void)api->modify_qp(peer.qp.get(), &attr, IBV_QP_STATE);  // already there when the NIC put it there
   }
   peer.broken = true;
   auto backlog = std::move(peer.backlog);
@@ -273,8 +265,8 @@ void Backend::Engine::run_peer_offer(const std::shared_ptr<ValueOp<PeerOffer>>& 
   if (closed()) return op->completion.dispatch(shut_down_error());
   auto qp = create_qp();
   if (!qp) return op->completion.dispatch(std::move(qp).error());
-  const auto local = describe(device, *qp.value(), psn_source() & 0xffffffU, path_mtu_bytes(config, device.port_attr));
-  auto id = add_peer(qp.value(), local);
+  const auto local = describe(device, *qp.value().get(), psn_source() & 0xffffffU, path_mtu_bytes(config, device.port_attr));
+  auto id = add_peer(std::move(qp).value(), local);
   op->completion.dispatch(PeerOffer{id.value(), wire::encode_endpoint(local)});
 }
 
@@ -284,12 +276,11 @@ void Backend::Engine::run_peer_accept(const std::shared_ptr<ValueOp<PeerAnswer>>
   if (!remote) return op->completion.dispatch(std::move(remote).error());
   auto qp = create_qp();
   if (!qp) return op->completion.dispatch(std::move(qp).error());
-  const auto local = describe(device, *qp.value(), psn_source() & 0xffffffU, path_mtu_bytes(config, device.port_attr));
-  if (auto connected = connect_qp(qp.value(), local, remote.value()); !connected) {
-    api->destroy_qp(qp.value());
+  const auto local = describe(device, *qp.value().get(), psn_source() & 0xffffffU, path_mtu_bytes(config, device.port_attr));
+  if (auto connected = connect_qp(qp.value().get(), local, remote.value()); !connected) {
     return op->completion.dispatch(std::move(connected).error());
   }
-  auto id = add_peer(qp.value(), local);
+  auto id = add_peer(std::move(qp).value(), local);
   peers.at(id.value()).connected = true;
   op->completion.dispatch(PeerAnswer{id.value(), wire::encode_endpoint(local)});
 }
@@ -302,7 +293,7 @@ void Backend::Engine::run_peer_complete(const std::shared_ptr<ValueOp<void>>& op
   if (peer.connected || peer.broken) return op->completion.dispatch(fail(errc::protocol, "peer is already connected"));
   auto remote = wire::decode_endpoint(op->blob);
   if (!remote) return op->completion.dispatch(std::move(remote).error());
-  if (auto connected = connect_qp(peer.qp, peer.local, remote.value()); !connected) {
+  if (auto connected = connect_qp(peer.qp.get(), peer.local, remote.value()); !connected) {
     return op->completion.dispatch(std::move(connected).error());
   }
   peer.connected = true;
@@ -335,12 +326,12 @@ Result<void> Backend::Engine::admit_remote(VerbsTransferOp& op) const {
   const auto& req = op.request;
   CORMA_TRY(auto peer, usable_peer(req.peer));
   wire::RemoteKey key;
-  if (req.key != RemoteKeyId::none) {
-    auto imported = peer->imported.find(req.key);
+  if (const auto* id = std::get_if<RemoteKeyId>(&req.key)) {
+    auto imported = peer->imported.find(*id);
     if (imported == peer->imported.end()) return fail(errc::invalid_key, "no key imported under that id for this peer");
     key = imported->second;
   } else {
-    CORMA_TRY(key, wire::decode_key(req.packed_key));
+    CORMA_TRY(key, wire::decode_key(std::get<PackedKey>(req.key)));
   }
   if (req.remote_addr < key.addr) return fail(errc::out_of_range, "remote address below the key's range");
   CORMA_TRY(validate_slice(req.remote_addr - key.addr, req.len, key.len));
@@ -428,7 +419,7 @@ void Backend::Engine::post_chain(Peer& peer, std::uint32_t credits) {
   }
   for (std::uint32_t i = 0; i + 1 < n; ++i) wrs[i].next = &wrs[i + 1];
   ibv_send_wr* bad = nullptr;
-  const int rc = api->post_send(peer.qp, wrs.data(), &bad);
+  const int rc = api->post_send(peer.qp.get(), wrs.data(), &bad);
   const std::uint32_t accepted = rc == 0 ? n : static_cast<std::uint32_t>(bad - wrs.data());
   for (std::uint32_t i = 0; i < accepted; ++i) ++owners[i]->posted;
   peer.outstanding += accepted;
@@ -520,7 +511,7 @@ std::size_t Backend::Engine::poll_completions() {
   std::array<ibv_wc, poll_batch> wcs{};
   std::size_t events = 0;
   for (;;) {
-    const int n = api->poll_cq(cq, poll_batch, wcs.data());
+    const int n = api->poll_cq(cq.get(), poll_batch, wcs.data());
     if (n < 0) {
       // The completion queue itself failed (an overrun): nothing on it can be trusted.
       for (auto& [id, peer] : peers) break_peer(peer, Error{errc::backend, "verbs: the completion queue failed"});
@@ -533,7 +524,7 @@ std::size_t Backend::Engine::poll_completions() {
 }
 
 bool Backend::Engine::arm_for_sleep() {
-  if (api->req_notify_cq(cq, 0) != 0) return false;
+  if (api->req_notify_cq(cq.get(), 0) != 0) return false;
   if (progress() != 0) return false;  // completions that raced the arming
   if (!cq_wait_armed) {
     cq_wait_armed = true;
@@ -550,8 +541,8 @@ void Backend::Engine::consume_cq_events() {
   ibv_cq* event_cq = nullptr;
   void* context = nullptr;
   unsigned events = 0;
-  while (api->get_cq_event(channel, &event_cq, &context) == 0) ++events;
-  if (events != 0) api->ack_cq_events(cq, events);
+  while (api->get_cq_event(channel.get(), &event_cq, &context) == 0) ++events;
+  if (events != 0) api->ack_cq_events(cq.get(), events);
 }
 
 void Backend::Engine::arm_async_watch() {
@@ -567,7 +558,7 @@ void Backend::Engine::arm_async_watch() {
 
 void Backend::Engine::drain_async_events() {
   ibv_async_event event{};
-  while (api->get_async_event(device.context, &event) == 0) {
+  while (api->get_async_event(device.context.get(), &event) == 0) {
     const std::string what = std::string("verbs: ") + api->event_type_str(event.event_type);
     switch (event.event_type) {
       case IBV_EVENT_QP_FATAL:
@@ -575,7 +566,7 @@ void Backend::Engine::drain_async_events() {
       case IBV_EVENT_QP_ACCESS_ERR:
       case IBV_EVENT_PATH_MIG_ERR:
         for (auto& [id, peer] : peers) {
-          if (peer.qp == event.element.qp) break_peer(peer, Error{errc::peer_unreachable, what});
+          if (peer.qp.get() == event.element.qp) break_peer(peer, Error{errc::peer_unreachable, what});
         }
         break;
       case IBV_EVENT_CQ_ERR:

@@ -40,7 +40,7 @@ struct VerbsTransferOp : TransferOp {
 
 struct Backend::Engine final : backend_kit::TransferEngine<VerbsTransferOp> {
   struct Peer {
-    ibv_qp* qp = nullptr;
+    OwnedQp qp;
     wire::QpEndpoint local;  // what this side told the other
     bool connected = false;
     bool broken = false;             // in (or moved to) the error state
@@ -80,9 +80,9 @@ struct Backend::Engine final : backend_kit::TransferEngine<VerbsTransferOp> {
   bool arm_for_sleep() override;
 
   // Queue pairs (progress thread).
-  Result<ibv_qp*> create_qp();
+  Result<OwnedQp> create_qp();
   Result<void> connect_qp(ibv_qp* qp, const wire::QpEndpoint& local, const wire::QpEndpoint& remote);
-  Result<PeerId> add_peer(ibv_qp* qp, const wire::QpEndpoint& local);
+  Result<PeerId> add_peer(OwnedQp qp, const wire::QpEndpoint& local);
   void destroy_peer(std::map<PeerId, Peer>::iterator it);
   /// Moves the peer's queue pair to the error state (its posted work
   /// flushes) and fails what was never posted.
@@ -118,9 +118,9 @@ struct Backend::Engine final : backend_kit::TransferEngine<VerbsTransferOp> {
   OpenedDevice device;
   std::uint32_t max_message = 0;
   std::uint32_t rd_atomic = 1;
-  ibv_pd* pd = nullptr;
-  ibv_comp_channel* channel = nullptr;
-  ibv_cq* cq = nullptr;
+  OwnedPd pd;
+  OwnedChannel channel;
+  OwnedCq cq;
   std::optional<asio::posix::stream_descriptor> cq_wake;     // a dup of the channel's fd
   std::optional<asio::posix::stream_descriptor> async_wake;  // a dup of the context's async fd
   bool cq_wait_armed = false;

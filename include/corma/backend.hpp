@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <optional>
 #include <string_view>
+#include <variant>
 #include <vector>
 
 namespace corma {
@@ -64,18 +65,21 @@ struct BackendRegion {
   PackedKey packed_key;
 };
 
+/// How a transfer names the peer's memory: by the key the peer's backend
+/// packed for it, or by a key imported for that peer once
+/// (RdmaBackend::async_import_key), which costs no unpacking per transfer.
+using TransferKey = std::variant<PackedKey, RemoteKeyId>;
+
 /// One one-sided transfer between a local region and a peer's memory.
 /// get: `len` bytes at the peer's `remote_addr` land in the local region at
-/// `local_offset`. put: the mirror image. The remote memory is named by a
-/// key imported for that peer (`key`), or else by its packed bytes.
+/// `local_offset`. put: the mirror image.
 struct TransferRequest {
   PeerId peer{};
   RegionId local{};
   std::uint64_t local_offset = 0;
   std::uint64_t remote_addr = 0;
   std::uint64_t len = 0;
-  PackedKey packed_key;  ///< the key the peer's backend packed for that memory
-  RemoteKeyId key = RemoteKeyId::none;  ///< an imported key; `packed_key` is then ignored
+  TransferKey key;
 };
 using GetRequest = TransferRequest;
 using PutRequest = TransferRequest;

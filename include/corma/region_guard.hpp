@@ -30,6 +30,8 @@ struct RemoteRegion {
   std::uint64_t addr = 0;       ///< the address that was registered
   std::uint64_t len = 0;        ///< the bytes that were registered
   PackedKey packed_key;
+
+  friend bool operator==(const RemoteRegion&, const RemoteRegion&) = default;
 };
 
 /// Which bytes a transfer moves: `len` bytes between `local_offset` in the

@@ -5,10 +5,12 @@
 namespace corma::backend_kit {
 namespace {
 
-/// The refusal path of submit(): answered on the caller's thread, so posted.
+/// The refusal path of submit(): answered on the caller's thread, so
+/// posted (through the progress thread where the handler has no executor).
 template <class Op>
-auto refuse_with(const std::shared_ptr<Op>& op) {
-  return [op](Error e) { op->completion.post(std::move(e)); };
+auto refuse_with(EngineCore& engine, const std::shared_ptr<Op>& op) {
+  // Refusals run inside submit(), while the engine is certainly there.
+  return [op, &engine](Error e) { op->completion.post(engine.progress_executor(), std::move(e)); };
 }
 
 template <class Op, class Handler>
@@ -28,7 +30,7 @@ void initiate_map(EngineCore& engine, void* ptr, std::size_t len, Access access,
   op->access = access;
   engine.watch_cancellation(op, detail::any_cancellation,
                             [&engine](const std::shared_ptr<MapOp>& o) { engine.cancel_map(o); });
-  engine.submit([&engine, op] { engine.run_map(op); }, refuse_with(op));
+  engine.submit([&engine, op] { engine.run_map(op); }, refuse_with(engine, op));
 }
 
 void initiate_unmap(EngineCore& engine, RegionId id, RdmaBackend::Handler<void> h) {
@@ -36,30 +38,30 @@ void initiate_unmap(EngineCore& engine, RegionId id, RdmaBackend::Handler<void> 
   // Cancelling an unmap abandons the notification; the unmap proceeds.
   engine.watch_cancellation(op, detail::terminal_only,
                             [&engine](const std::shared_ptr<VoidOp>& o) { engine.cancel_unmap(o); });
-  engine.submit([&engine, op, id] { engine.run_unmap(op, id); }, refuse_with(op));
+  engine.submit([&engine, op, id] { engine.run_unmap(op, id); }, refuse_with(engine, op));
 }
 
 void initiate_import_key(EngineCore& engine, PeerId peer, PackedKey key, RdmaBackend::Handler<RemoteKeyId> h) {
   auto op = make_op<ValueOp<RemoteKeyId>>(std::move(h));
   op->peer = peer;
   op->blob = std::move(key);
-  engine.submit([&engine, op] { engine.run_import_key(op); }, refuse_with(op));
+  engine.submit([&engine, op] { engine.run_import_key(op); }, refuse_with(engine, op));
 }
 
 void initiate_release_key(EngineCore& engine, RemoteKeyId key, RdmaBackend::Handler<void> h) {
   auto op = make_op<VoidOp>(std::move(h));
-  engine.submit([&engine, op, key] { engine.run_release_key(op, key); }, refuse_with(op));
+  engine.submit([&engine, op, key] { engine.run_release_key(op, key); }, refuse_with(engine, op));
 }
 
 void initiate_peer_offer(EngineCore& engine, RdmaBackend::Handler<PeerOffer> h) {
   auto op = make_op<ValueOp<PeerOffer>>(std::move(h));
-  engine.submit([&engine, op] { engine.run_peer_offer(op); }, refuse_with(op));
+  engine.submit([&engine, op] { engine.run_peer_offer(op); }, refuse_with(engine, op));
 }
 
 void initiate_peer_accept(EngineCore& engine, std::vector<std::byte> offer, RdmaBackend::Handler<PeerAnswer> h) {
   auto op = make_op<ValueOp<PeerAnswer>>(std::move(h));
   op->blob = std::move(offer);
-  engine.submit([&engine, op] { engine.run_peer_accept(op); }, refuse_with(op));
+  engine.submit([&engine, op] { engine.run_peer_accept(op); }, refuse_with(engine, op));
 }
 
 void initiate_peer_complete(EngineCore& engine, PeerId peer, std::vector<std::byte> answer,
@@ -67,12 +69,12 @@ void initiate_peer_complete(EngineCore& engine, PeerId peer, std::vector<std::by
   auto op = make_op<ValueOp<void>>(std::move(h));
   op->blob = std::move(answer);
   op->peer = peer;
-  engine.submit([&engine, op] { engine.run_peer_complete(op); }, refuse_with(op));
+  engine.submit([&engine, op] { engine.run_peer_complete(op); }, refuse_with(engine, op));
 }
 
 void initiate_peer_close(EngineCore& engine, PeerId peer, RdmaBackend::Handler<void> h) {
   auto op = make_op<VoidOp>(std::move(h));
-  engine.submit([&engine, op, peer] { engine.run_peer_close(op, peer); }, refuse_with(op));
+  engine.submit([&engine, op, peer] { engine.run_peer_close(op, peer); }, refuse_with(engine, op));
 }
 
 void initiate_shutdown(EngineCore& engine, RdmaBackend::Handler<void> h) {

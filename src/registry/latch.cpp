@@ -25,7 +25,7 @@ void Latch::wait(WaitHandler handler) {
   std::unique_lock lock(mutex_);
   if (set_) {
     lock.unlock();
-    waiter.post(success());
+    waiter.post(early_executor(), success());
     return;
   }
   const std::uint64_t ticket = next_ticket_++;
@@ -47,7 +47,12 @@ void Latch::cancel(std::uint64_t ticket) {
   }
   // Posted: we are inside the caller's cancellation handler, which the
   // completion would otherwise clear while it runs.
-  waiter.post(fail(errc::cancelled, "wait for deregistration cancelled"));
+  waiter.post(early_executor(), fail(errc::cancelled, "wait for deregistration cancelled"));
+}
+
+asio::any_io_executor Latch::early_executor() const {
+  auto backend = backend_.lock();
+  return backend ? backend->progress_executor() : asio::any_io_executor{};
 }
 
 }  // namespace corma::detail

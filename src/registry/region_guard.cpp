@@ -99,7 +99,7 @@ void RegionGuard::do_transfer(std::shared_ptr<detail::RegionState> state, bool i
   VoidCompletion completion(std::move(handler));
   if (!state) return completion.post(fail(errc::region_not_found, "empty region guard"));
   if (auto begun = begin_checked_transfer(*state, remote, range); !begun) {
-    return completion.post(std::move(begun).error());
+    return completion.post(state->backend()->progress_executor(), std::move(begun).error());
   }
   const auto& backend = state->backend();
   TransferRequest request{peer, state->region().id, range.local_offset,
@@ -146,13 +146,18 @@ void RegionGuard::do_get_batch(PeerId peer, std::vector<BatchedGet> gets,
       continue;
     }
     backend = state->backend();
+    TransferKey key = std::move(get.remote.packed_key);
+    if (get.key != RemoteKeyId::none) key = get.key;
     batch.push_back(TransferRequest{peer, state->region().id, get.range.local_offset,
-                                    get.remote.addr + get.range.remote_offset, get.range.len,
-                                    std::move(get.remote.packed_key), get.key});
+                                    get.remote.addr + get.range.remote_offset, get.range.len, std::move(key)});
     submitted.push_back(i);
     begun.push_back(std::move(state));
   }
-  if (batch.empty()) return completion.post(BatchOutcome{gets.size(), std::move(refused)});
+  if (batch.empty()) {
+    asio::any_io_executor via;
+    if (backend) via = backend->progress_executor();
+    return completion.post(via, BatchOutcome{gets.size(), std::move(refused)});
+  }
   auto slot = completion.cancellation_slot();
   auto done = asio::bind_cancellation_slot(
       slot, [begun = std::move(begun), submitted = std::move(submitted), refused = std::move(refused),
@@ -178,9 +183,10 @@ void RegionGuard::do_deregister(const std::shared_ptr<detail::RegionState>& stat
   // The listener may run inside this call (the region was already released):
   // then it must post, never complete inline.
   auto initiating = std::make_shared<std::atomic<bool>>(true);
-  state->request_deregistration([completion, initiating](const Result<void>& outcome) {
+  state->request_deregistration([completion, initiating, via = state->backend()->progress_executor()](
+                                    const Result<void>& outcome) {
     if (initiating->load(std::memory_order_acquire)) {
-      completion->post(outcome);
+      completion->post(via, outcome);
     } else {
       completion->dispatch(outcome);
     }

@@ -14,7 +14,8 @@ RegionState::RegionState(std::shared_ptr<RegistryCore> core, BackendRegion regio
       memory_(memory),
       charged_(charged),
       generation_(generation),
-      owned_(std::move(owned)) {}
+      owned_(std::move(owned)),
+      deregistered_(std::make_shared<Latch>(core_->backend())) {}
 
 RegionState::~RegionState() {
   if (owned_ && !released()) quarantine(std::move(owned_), core_->counters());

@@ -74,7 +74,7 @@ class RegionState : public std::enable_shared_from_this<RegionState> {
   const std::uint64_t charged_;
   const std::uint64_t generation_;
   OwnedBuffer owned_;
-  const std::shared_ptr<Latch> deregistered_ = std::make_shared<Latch>();
+  const std::shared_ptr<Latch> deregistered_;
 
   mutable std::mutex mutex_;
   Phase phase_ = Phase::active;

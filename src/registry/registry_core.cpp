@@ -42,7 +42,7 @@ void RegistryCore::start_registration(std::span<std::byte> memory, Access access
                    {}, std::move(owned), std::chrono::steady_clock::now()};
   auto refuse = [&](Error error) {
     counters_.record_failure(error);
-    reg.completion.post(std::move(error), std::move(reg.owned));
+    reg.completion.post(backend_->progress_executor(), std::move(error), std::move(reg.owned));
   };
 
   if (auto valid = validate_range(memory.data(), memory.size()); !valid) {
@@ -174,7 +174,7 @@ void RegistryCore::start_shutdown(std::chrono::steady_clock::duration deadline,
     if (shutdown_.outcome) {
       auto outcome = *shutdown_.outcome;
       lock.unlock();
-      return waiter.post(std::move(outcome));
+      return waiter.post(backend_->progress_executor(), std::move(outcome));
     }
     shutdown_.waiters.push_back(std::move(waiter));
     if (!shutdown_.started) {

@@ -197,11 +197,10 @@ asio::awaitable<std::optional<Error>> Consumer::State::run_transfer(const StartT
 asio::awaitable<Result<void>> Consumer::State::read_remote(const std::vector<std::byte>& descriptor_bytes,
                                                            std::uint64_t len, RegionGuard& guard,
                                                            std::uint64_t offset) {
-  CORMA_CO_TRY(auto descriptor, decode_descriptor(descriptor_bytes));
-  if (descriptor.len != len) co_return fail(errc::protocol, "descriptor length differs from what was granted");
+  CORMA_CO_TRY(auto remote, decode_descriptor(descriptor_bytes));
+  if (remote.len != len) co_return fail(errc::protocol, "descriptor length differs from what was granted");
   if (!peer) co_return fail(errc::peer_unreachable, "no RDMA peer for this owner");
   std::optional<Result<void>> got;
-  const auto remote = to_remote_region(descriptor);
   const StartTransfer start = [&](asio::cancellation_slot slot, std::function<void()> answered) {
     guard.async_get(*peer, remote, TransferRange{offset, 0, len},
                     asio::bind_cancellation_slot(

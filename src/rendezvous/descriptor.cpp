@@ -21,9 +21,9 @@ Result<void> check_key_size(std::size_t size) {
 
 }  // namespace
 
-std::vector<std::byte> encode(const Descriptor& descriptor) {
-  Writer out(Descriptor::header_size + descriptor.packed_key.size());
-  out.u8(Descriptor::descriptor_version);
+std::vector<std::byte> encode(const RemoteRegion& descriptor) {
+  Writer out(descriptor_header_size + descriptor.packed_key.size());
+  out.u8(descriptor_version);
   out.u8(static_cast<std::uint8_t>(descriptor.backend));
   out.u16(0);  // flags
   out.u64(descriptor.generation);
@@ -34,12 +34,12 @@ std::vector<std::byte> encode(const Descriptor& descriptor) {
   return std::move(out).take();
 }
 
-Result<Descriptor> decode_descriptor(std::span<const std::byte> bytes) {
+Result<RemoteRegion> decode_descriptor(std::span<const std::byte> bytes) {
   Reader in(bytes);
-  Descriptor d;
+  RemoteRegion d;
 
   CORMA_TRY(auto version, in.u8("descriptor version"));
-  if (version != Descriptor::descriptor_version) {
+  if (version != descriptor_version) {
     return fail(errc::protocol, "unknown descriptor version " + std::to_string(version));
   }
   CORMA_TRY(auto backend, in.u8("descriptor backend"));
@@ -63,17 +63,12 @@ Result<Descriptor> decode_descriptor(std::span<const std::byte> bytes) {
   return d;
 }
 
-Result<Descriptor> describe(const RemoteRegion& region) {
+Result<std::vector<std::byte>> describe(const RemoteRegion& region) {
   if (region.backend == BackendId::none) return fail(errc::not_configured, "region names no backend");
   // Refuse here what every consumer would refuse on the wire.
   if (region.len == 0) return fail(errc::out_of_range, "region of zero length");
   CORMA_TRY(check_key_size(region.packed_key.size()));
-  return Descriptor{region.backend, region.generation, region.addr, region.len, region.packed_key};
-}
-
-RemoteRegion to_remote_region(const Descriptor& descriptor) {
-  return RemoteRegion{descriptor.backend, descriptor.generation,
-                      descriptor.addr, descriptor.len, descriptor.packed_key};
+  return encode(region);
 }
 
 }  // namespace corma

@@ -308,12 +308,11 @@ class ManyFetch {
   /// The seam batch element reading `object` into its slot, with the key
   /// imported for its export.
   asio::awaitable<Result<BatchedGet>> batched_get(const Leased& object) {
-    CORMA_CO_TRY(auto descriptor, decode_descriptor(object.rdma->descriptor));
-    if (descriptor.len != object.outcome.size) {
+    CORMA_CO_TRY(auto remote, decode_descriptor(object.rdma->descriptor));
+    if (remote.len != object.outcome.size) {
       co_return fail(errc::protocol, "descriptor length differs from the object size");
     }
-    CORMA_CO_TRY(auto key, co_await s_.key_for(descriptor.packed_key));
-    auto remote = to_remote_region(descriptor);
+    CORMA_CO_TRY(auto key, co_await s_.key_for(remote.packed_key));
     remote.packed_key.clear();  // the imported key names it
     const auto& slot = slots_[object.index];
     co_return BatchedGet{slot.region, std::move(remote), TransferRange{slot.offset, 0, object.outcome.size}, key};

@@ -230,7 +230,7 @@ Result<Acquire> get_acquire(Reader& in) {
 Result<std::vector<std::byte>> get_descriptor(Reader& in, std::string_view message) {
   const std::string field = std::string(message) + " descriptor";
   CORMA_TRY(auto len, in.u32(field + " length"));
-  constexpr std::size_t max_descriptor = Descriptor::header_size + max_packed_key_size;
+  constexpr std::size_t max_descriptor = descriptor_header_size + max_packed_key_size;
   if (len == 0 || len > max_descriptor) {
     return fail(errc::protocol, field + " of " + std::to_string(len) + " bytes is outside 1.." +
                                 std::to_string(max_descriptor));

@@ -103,7 +103,7 @@ struct RdmaGrant {
   std::uint64_t lease = 0;
   std::uint64_t size = 0;
   std::uint32_t lease_timeout_ms = 0;
-  std::vector<std::byte> descriptor;  ///< an encoded corma::Descriptor
+  std::vector<std::byte> descriptor;  ///< an encoded descriptor (corma/descriptor.hpp)
 };
 struct Chunked {
   std::uint64_t lease = 0;
@@ -181,7 +181,7 @@ struct ReleasedMany {
 /// The largest encoding of one answer in `granted` (a grant with the
 /// largest descriptor), and so the most answers a `granted` frame of
 /// default_max_frame_body always holds: an owner never announces more.
-inline constexpr std::size_t max_grant_size = 1 + 8 + 8 + 4 + 8 + 8 + 4 + Descriptor::header_size + max_packed_key_size;
+inline constexpr std::size_t max_grant_size = 1 + 8 + 8 + 4 + 8 + 8 + 4 + descriptor_header_size + max_packed_key_size;
 inline constexpr std::size_t max_grants_per_frame = (default_max_frame_body - frame_fixed_body - 2) / max_grant_size;
 static_assert(max_grants_per_frame >= 64 && max_grants_per_frame <= max_batch_objects);
 

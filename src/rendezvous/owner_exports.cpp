@@ -108,7 +108,7 @@ asio::awaitable<Result<std::shared_ptr<Export>>> Owner::State::register_export(c
   }
   if (!guard) co_return std::move(guard).error();
   CORMA_CO_TRY(auto descriptor, describe(guard.value().remote()));
-  auto exported = std::make_shared<Export>(std::move(guard).value(), encode(descriptor), object.keepalive);
+  auto exported = std::make_shared<Export>(std::move(guard).value(), std::move(descriptor), object.keepalive);
   ++stats.exports_registered;
   // Published again while this registered: the lease that asked reads
   // these bytes, but later acquires must not.
@@ -146,7 +146,7 @@ asio::awaitable<Result<std::shared_ptr<Export>>> Owner::State::export_window(con
     if (guard) {
       CORMA_CO_TRY(auto descriptor, describe(guard.value().remote()));
       ++stats.windows;
-      co_return std::make_shared<Export>(std::move(guard).value(), encode(descriptor), object.keepalive);
+      co_return std::make_shared<Export>(std::move(guard).value(), std::move(descriptor), object.keepalive);
     }
     if (!guard.error().is(errc::budget_exceeded)) co_return std::move(guard).error();
     if (co_await evict_idle_exports()) {

@@ -130,7 +130,7 @@ TEST_P(BackendContract, BatchReportsEachBadElementAndRunsTheGoodOnes) {
   unknown_peer.peer = PeerId{u64_max};
   cases.push_back({unknown_peer, errc::peer_unreachable});
   auto garbage_key = m.element(0, 0, 8);
-  garbage_key.packed_key.assign(24, std::byte{0x5a});
+  garbage_key.key = PackedKey(24, std::byte{0x5a});
   cases.push_back({garbage_key, errc::invalid_key});
   cases.push_back({m.element(8192, 8192, 4096), std::nullopt});
 

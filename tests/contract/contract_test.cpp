@@ -698,7 +698,7 @@ TEST_P(BackendContract, MalformedPackedKeysAndRemoteRangesAreRefused) {
   ASSERT_FALSE(real.empty());
   auto with_key = [&](PackedKey key) {
     auto r = v.good;
-    r.packed_key = std::move(key);
+    r.key = std::move(key);
     return r;
   };
 

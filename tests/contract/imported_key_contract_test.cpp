@@ -27,7 +27,7 @@ struct Imported {
 
   /// A transfer naming the imported key only (no packed bytes).
   [[nodiscard]] TransferRequest by_key(std::uint64_t offset, std::uint64_t len) const {
-    return TransferRequest{pair.peer, local.id, offset, address(remote_buffer.data()) + offset, len, {}, key};
+    return TransferRequest{pair.peer, local.id, offset, address(remote_buffer.data()) + offset, len, key};
   }
 };
 

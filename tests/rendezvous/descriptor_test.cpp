@@ -14,7 +14,7 @@
 namespace {
 
 using corma::BackendId;
-using corma::Descriptor;
+using corma::RemoteRegion;
 using corma::errc;
 
 constexpr std::size_t flags_at = 2;
@@ -27,8 +27,8 @@ std::vector<std::byte> key_of(std::size_t size, std::uint8_t seed = 1) {
   return key;
 }
 
-Descriptor sample(std::size_t key_size = 24) {
-  return Descriptor{BackendId{3}, 0x0102030405060708ULL, 0x1122334455667788ULL, 4096,
+RemoteRegion sample(std::size_t key_size = 24) {
+  return RemoteRegion{BackendId{3}, 0x0102030405060708ULL, 0x1122334455667788ULL, 4096,
                     key_of(key_size)};
 }
 
@@ -47,7 +47,7 @@ testing::AssertionResult refused_with(const std::vector<std::byte>& bytes, errc 
 }
 
 TEST(DescriptorTest, LayoutIsLittleEndianFixedWidthUnpadded) {
-  const auto bytes = corma::encode(Descriptor{BackendId{2}, 0x0102030405060708ULL,
+  const auto bytes = corma::encode(RemoteRegion{BackendId{2}, 0x0102030405060708ULL,
                                               0x1112131415161718ULL, 0x2122232425262728ULL,
                                               {std::byte{0xaa}, std::byte{0xbb}}});
   const std::vector<std::uint8_t> expected = {
@@ -57,7 +57,7 @@ TEST(DescriptorTest, LayoutIsLittleEndianFixedWidthUnpadded) {
       0x28, 0x27, 0x26, 0x25, 0x24, 0x23, 0x22, 0x21,    // length
       2,    0,    0,    0,                                // key length
       0xaa, 0xbb};                                        // key
-  ASSERT_EQ(bytes.size(), Descriptor::header_size + 2);
+  ASSERT_EQ(bytes.size(), corma::descriptor_header_size + 2);
   for (std::size_t i = 0; i < expected.size(); ++i) {
     EXPECT_EQ(bytes[i], static_cast<std::byte>(expected[i])) << "byte " << i;
   }
@@ -75,7 +75,7 @@ TEST(DescriptorTest, RoundTrips) {
 
 TEST(DescriptorTest, RoundTripsExtremeValues) {
   const auto max = std::numeric_limits<std::uint64_t>::max();
-  Descriptor d{BackendId{1}, max, max, max, key_of(1)};
+  RemoteRegion d{BackendId{1}, max, max, max, key_of(1)};
   auto decoded = corma::decode_descriptor(corma::encode(d));
   ASSERT_TRUE(decoded) << decoded.error().message();
   EXPECT_EQ(decoded.value(), d);
@@ -84,7 +84,7 @@ TEST(DescriptorTest, RoundTripsExtremeValues) {
 TEST(DescriptorTest, RoundTripsMaxSizeKey) {
   const auto d = sample(corma::max_packed_key_size);
   const auto bytes = corma::encode(d);
-  EXPECT_EQ(bytes.size(), Descriptor::header_size + corma::max_packed_key_size);
+  EXPECT_EQ(bytes.size(), corma::descriptor_header_size + corma::max_packed_key_size);
   auto decoded = corma::decode_descriptor(bytes);
   ASSERT_TRUE(decoded) << decoded.error().message();
   EXPECT_EQ(decoded.value(), d);
@@ -151,7 +151,7 @@ TEST(DescriptorTest, RefusesTrailingBytes) {
 
 TEST(DescriptorTest, RefusesZeroLengthKeyAsInvalidKey) {
   auto bytes = corma::encode(sample(0));
-  ASSERT_EQ(bytes.size(), Descriptor::header_size);
+  ASSERT_EQ(bytes.size(), corma::descriptor_header_size);
   EXPECT_TRUE(refused_with(bytes, errc::invalid_key));
 }
 
@@ -179,7 +179,7 @@ TEST(DescriptorTest, EveryTruncationIsRefused) {
 TEST(DescriptorTest, EverySingleByteChangeOfTheHeaderIsRefusedOrConsistent) {
   const auto original = corma::encode(sample(8));
   std::size_t accepted = 0;
-  for (std::size_t at = 0; at < Descriptor::header_size; ++at) {
+  for (std::size_t at = 0; at < corma::descriptor_header_size; ++at) {
     for (unsigned value = 0; value < 256; ++value) {
       auto bytes = original;
       bytes[at] = static_cast<std::byte>(value);
@@ -194,24 +194,14 @@ TEST(DescriptorTest, EverySingleByteChangeOfTheHeaderIsRefusedOrConsistent) {
   EXPECT_EQ(accepted, 1U + 255U + 2U + 16U * 256U + (8U * 256U - 1U) + 4U);
 }
 
-TEST(DescriptorTest, DescribeMapsARemoteRegion) {
-  const corma::RemoteRegion region{BackendId{1}, 9, 0x7000, 123, key_of(40)};
+TEST(DescriptorTest, DescribeEncodesARemoteRegionThatDecodesToTheSameRegion) {
+  const RemoteRegion region{BackendId{1}, 9, 0x7000, 123, key_of(40)};
   auto described = corma::describe(region);
   ASSERT_TRUE(described) << described.error().message();
-  EXPECT_EQ(described.value().backend, BackendId{1});
-  EXPECT_EQ(described.value().generation, 9U);
-  EXPECT_EQ(described.value().addr, 0x7000U);
-  EXPECT_EQ(described.value().len, 123U);
-  EXPECT_EQ(described.value().packed_key, region.packed_key);
-
-  auto decoded = corma::decode_descriptor(corma::encode(described.value()));
+  EXPECT_EQ(described.value(), corma::encode(region));
+  auto decoded = corma::decode_descriptor(described.value());
   ASSERT_TRUE(decoded) << decoded.error().message();
-  const auto back = corma::to_remote_region(decoded.value());
-  EXPECT_EQ(back.backend, region.backend);
-  EXPECT_EQ(back.generation, region.generation);
-  EXPECT_EQ(back.addr, region.addr);
-  EXPECT_EQ(back.len, region.len);
-  EXPECT_EQ(back.packed_key, region.packed_key);
+  EXPECT_EQ(decoded.value(), region);
 }
 
 TEST(DescriptorTest, DescribeRefusesARegionWithoutBackend) {
@@ -234,11 +224,13 @@ TEST(DescriptorTest, DescribeRefusesWhatConsumersWouldRefuse) {
   EXPECT_TRUE(empty_region.error().is(errc::out_of_range)) << empty_region.error().message();
 }
 
-TEST(DescriptorTest, ToRemoteRegionKeepsTheBackendId) {
+TEST(DescriptorTest, DecodingKeepsTheBackendId) {
   for (std::uint8_t id : {1, 2, 3, 200}) {
     auto d = sample();
     d.backend = BackendId{id};
-    EXPECT_EQ(corma::to_remote_region(d).backend, BackendId{id});
+    auto decoded = corma::decode_descriptor(corma::encode(d));
+    ASSERT_TRUE(decoded) << decoded.error().message();
+    EXPECT_EQ(decoded.value().backend, BackendId{id});
   }
 }
 

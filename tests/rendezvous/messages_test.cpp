@@ -32,7 +32,7 @@ std::vector<std::byte> blob(std::size_t size, std::uint8_t seed = 3) {
 }
 
 std::vector<std::byte> descriptor_bytes(std::size_t key_size = 16) {
-  return corma::encode(corma::Descriptor{BackendId{1}, 5, 0x10000, 1 << 20, blob(key_size)});
+  return corma::encode(corma::RemoteRegion{BackendId{1}, 5, 0x10000, 1 << 20, blob(key_size)});
 }
 
 /// One frame of every type, some with their variants.
@@ -529,7 +529,7 @@ TEST(FrameRefusal, RdmaGrantEmptyDescriptor) {
 }
 
 TEST(FrameRefusal, RdmaGrantDescriptorOverTheMaximum) {
-  const auto too_long = corma::Descriptor::header_size + corma::max_packed_key_size + 1;
+  const auto too_long = corma::descriptor_header_size + corma::max_packed_key_size + 1;
   auto body = body_of({1, rv::RdmaGrant{1, 2, 3, blob(too_long)}});
   EXPECT_TRUE(refused(body));
 }

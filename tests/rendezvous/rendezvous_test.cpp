@@ -180,8 +180,8 @@ asio::awaitable<int> lying_owner(asio::ip::tcp::acceptor& acceptor, std::shared_
 }
 
 TEST_F(Rendezvous, MalformedDescriptorsFallBackExactlyOnce) {
-  auto valid = corma::encode(corma::Descriptor{corma::testing::test_backend_id, 1, 0x1000, big.size(), corma::PackedKey(40)});
-  auto wrong_length = corma::encode(corma::Descriptor{corma::testing::test_backend_id, 1, 0x1000, 5, corma::PackedKey(40)});
+  auto valid = corma::encode(corma::RemoteRegion{corma::testing::test_backend_id, 1, 0x1000, big.size(), corma::PackedKey(40)});
+  auto wrong_length = corma::encode(corma::RemoteRegion{corma::testing::test_backend_id, 1, 0x1000, 5, corma::PackedKey(40)});
   auto trailing = valid;
   trailing.push_back(std::byte{1});
   for (const auto& descriptor : {std::vector<std::byte>(13, std::byte{0xFF}), wrong_length, trailing}) {

@@ -391,12 +391,12 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
     }
     CORMA_TRY(validate_slice(req.local_offset, req.len, local->second.len));
     CORMA_TRY(auto* peer, connected_peer(req.peer));
-    if (req.key != RemoteKeyId::none) {
-      auto imported = peer->imported.find(req.key);
+    if (const auto* id = std::get_if<RemoteKeyId>(&req.key)) {
+      auto imported = peer->imported.find(*id);
       if (imported == peer->imported.end()) return fail(errc::invalid_key, "no key imported under that id for this peer");
       op.key = imported->second;
     } else {
-      CORMA_TRY(op.key, unpack_for(*peer, req.packed_key));
+      CORMA_TRY(op.key, unpack_for(*peer, std::get<PackedKey>(req.key)));
     }
     if (req.remote_addr < op.key.addr) return fail(errc::out_of_range, "remote address below the key's range");
     CORMA_TRY(validate_slice(req.remote_addr - op.key.addr, req.len, op.key.len));
@@ -777,13 +777,13 @@ void TestBackend::do_put_batch(TransferBatch batch, Handler<BatchOutcome> h) {
 // and drained like one), answering the batch's tally; one command runs them.
 void TestBackend::transfer_batch(bool is_put, TransferBatch batch, Handler<BatchOutcome> h) {
   auto tally = std::make_shared<BatchTally>(BatchTally::BatchCompletion(std::move(h)), batch.size());
-  if (auto fits = validate_batch_size(batch.size()); !fits) return tally->refuse(std::move(fits).error());
-  if (batch.empty()) return tally->answer_empty();
+  if (auto fits = validate_batch_size(batch.size()); !fits) return tally->refuse(progress_executor(), std::move(fits).error());
+  if (batch.empty()) return tally->answer_empty(progress_executor());
   std::vector<std::uint64_t> ids;
   ids.reserve(batch.size());
   {
     std::lock_guard lock(state_->mutex);
-    if (state_->shut_down) return tally->refuse(Error{errc::shutting_down, "backend shut down"});
+    if (state_->shut_down) return tally->refuse(progress_executor(), Error{errc::shutting_down, "backend shut down"});
     for (std::size_t i = 0; i < batch.size(); ++i) {
       auto op = std::make_shared<State::TransferOp>();
       op->answer.batch = tally;

@@ -228,13 +228,13 @@ TEST(BackendTransfers, BadRequestsAreRefusedBeforeTheProvider) {
     r.peer = corma::PeerId{999999};
     EXPECT_TRUE((co_await get(r)).error().is(errc::peer_unreachable));
     r = good;
-    r.packed_key.clear();
+    std::get<corma::PackedKey>(r.key).clear();
     EXPECT_TRUE((co_await get(r)).error().is(errc::invalid_key));
     r = good;
-    r.packed_key.resize(3);
+    std::get<corma::PackedKey>(r.key).resize(3);
     EXPECT_TRUE((co_await get(r)).error().is(errc::invalid_key));
     r = good;
-    r.packed_key[0] ^= std::byte{0xFF};
+    std::get<corma::PackedKey>(r.key)[0] ^= std::byte{0xFF};
     EXPECT_TRUE((co_await get(r)).error().is(errc::invalid_key));
     // A put into memory exported read-only is refused by the target.
     auto put = co_await pair.initiator->async_put(good, asio::use_awaitable);

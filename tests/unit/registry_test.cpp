@@ -2,12 +2,14 @@
 // deregistration, transfers.
 #include "support/registry_fixture.hpp"
 
+#include <boost/asio/co_spawn.hpp>
 #include <boost/asio/deferred.hpp>
 #include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
 #include <atomic>
+#include <filesystem>
 #include <future>
 #include <limits>
 #include <memory>
@@ -297,6 +299,63 @@ TEST_F(RegistryTest, TransfersAreBoundsCheckedAgainstBothRegions) {
   foreign.backend = corma::BackendId{1};
   r = guard.async_get(corma::PeerId{1}, foreign, {0, 0, 16}, asio::use_future).get();
   EXPECT_TRUE(r.error().is(errc::invalid_key));
+}
+
+/// The threads of this process now.
+std::size_t thread_count() {
+  const std::filesystem::directory_iterator tasks("/proc/self/task");
+  return static_cast<std::size_t>(std::distance(begin(tasks), end(tasks)));
+}
+
+TEST_F(RegistryTest, AnswersGivenAtOnceStartNoThread) {
+  auto registry = make_registry(2 * page_size());
+  auto memory = OwnedBuffer::allocate(4 * page_size());
+  auto first_page = memory.bytes().first(page_size());
+  auto released = register_now(registry, first_page).value();
+  auto event = released.deregistered();
+  released = RegionGuard{};
+  ASSERT_TRUE(wait_released(event));
+  const auto before = thread_count();
+
+  // Every path that answers from the initiating function, from a coroutine
+  // on this test's io_context (its own executor) ...
+  auto early_answers = [&]() -> asio::awaitable<void> {
+    auto refused = co_await registry.async_register(memory.bytes(), Access::local, asio::use_awaitable);
+    EXPECT_TRUE(refused.error().is(errc::budget_exceeded));
+    auto invalid = co_await registry.async_register(first_page.first(0), Access::local, asio::use_awaitable);
+    EXPECT_TRUE(invalid.error().is(errc::out_of_range));
+    EXPECT_TRUE(co_await event.async_wait(asio::use_awaitable));  // deregistered long ago
+    auto empty_event = co_await RegionGuard{}.deregistered().async_wait(asio::use_awaitable);
+    EXPECT_TRUE(empty_event.error().is(errc::region_not_found));
+    RegionGuard empty;
+    const corma::RemoteRegion remote{corma::testing::test_backend_id, 1, 0x1000, 64, corma::PackedKey(40)};
+    auto no_region = co_await empty.async_get(corma::PeerId{1}, remote, {0, 0, 8}, asio::use_awaitable);
+    EXPECT_TRUE(no_region.error().is(errc::region_not_found));
+    auto guard = co_await registry.async_register(first_page, Access::local, asio::use_awaitable);
+    auto outside = co_await guard.value().async_get(corma::PeerId{1}, remote, {0, 60, 16}, asio::use_awaitable);
+    EXPECT_TRUE(outside.error().is(errc::out_of_range));
+    auto none = co_await RegionGuard::async_get_batch(corma::PeerId{1}, {}, asio::use_awaitable);
+    EXPECT_TRUE(none);
+    auto batch = co_await backend->async_get_batch(corma::TransferBatch(corma::max_batch_size + 1), asio::use_awaitable);
+    EXPECT_TRUE(batch.error().is(errc::out_of_range));
+    guard = corma::fail(errc::cancelled, "let go");
+    EXPECT_TRUE(co_await registry.async_shutdown(std::chrono::seconds(5), asio::use_awaitable));
+    // Answered from what the first found.
+    EXPECT_TRUE(co_await registry.async_shutdown(std::chrono::seconds(5), asio::use_awaitable));
+    EXPECT_TRUE(co_await backend->async_shutdown(asio::use_awaitable));
+    auto after = co_await backend->async_map(memory.data(), page_size(), Access::local, asio::use_awaitable);
+    EXPECT_TRUE(after.error().is(errc::shutting_down));
+  };
+  auto done = asio::co_spawn(io, early_answers(), asio::use_future);
+  io.run();
+  done.get();
+  // ... and with no executor of its own (use_future): its answer goes
+  // through the backend's thread.
+  auto refused = registry.async_register(memory.bytes(), Access::local, asio::use_future).get();
+  EXPECT_TRUE(refused.error().is(errc::shutting_down));
+  auto late = backend->async_unmap(corma::RegionId{1}, asio::use_future).get();
+  EXPECT_TRUE(late.error().is(errc::shutting_down));
+  EXPECT_EQ(thread_count(), before) << "an early answer started a thread";
 }
 
 // A deferred operation is launched later, maybe after the object it came

@@ -187,21 +187,21 @@ TEST_F(VerbsBackend, RoceChoosesTheFirstRoceV2GidUnlessOneIsConfigured) {
   ASSERT_TRUE(automatic) << automatic.error().message();
   EXPECT_EQ(automatic.value().gid_index, 2);
   EXPECT_EQ(automatic.value().gid.raw[15], 2);
-  api->close_device(automatic.value().context);
+  automatic.value().context.reset();  // closed by its owner
 
   Config pinned;
   pinned.gid_index = 3;
   auto configured = open_device(*api, pinned);
   ASSERT_TRUE(configured) << configured.error().message();
   EXPECT_EQ(configured.value().gid_index, 3);
-  api->close_device(configured.value().context);
+  configured.value().context.reset();
 
   // InfiniBand routes by LID: no GID unless one is asked for.
   fabric.reset();
   auto infiniband = open_device(*api, Config{});
   ASSERT_TRUE(infiniband) << infiniband.error().message();
   EXPECT_EQ(infiniband.value().gid_index, -1);
-  api->close_device(infiniband.value().context);
+  infiniband.value().context.reset();
   EXPECT_EQ(fabric.open_contexts(), 0u);
 }
 

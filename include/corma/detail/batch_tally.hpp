@@ -33,12 +33,13 @@ class BatchTally {
     if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1) completion_.dispatch(outcome());
   }
 
-  /// The batch never ran (refused whole): answers `error`, never inline.
-  void refuse(Error error) { completion_.post(std::move(error)); }
+  /// The batch never ran (refused whole): answers `error`, never inline
+  /// (through `via` where the handler has no executor: Completion::post).
+  void refuse(const asio::any_io_executor& via, Error error) { completion_.post(via, std::move(error)); }
 
   /// For a batch with no elements: answers at once, never inline (this is
   /// called from the initiating function).
-  void answer_empty() { completion_.post(BatchOutcome{}); }
+  void answer_empty(const asio::any_io_executor& via) { completion_.post(via, BatchOutcome{}); }
 
  private:
   BatchOutcome outcome() {

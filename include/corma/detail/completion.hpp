@@ -5,6 +5,7 @@
 
 #include <boost/asio/any_completion_executor.hpp>
 #include <boost/asio/any_completion_handler.hpp>
+#include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/associated_cancellation_slot.hpp>
 #include <boost/asio/associated_executor.hpp>
 #include <boost/asio/cancellation_type.hpp>
@@ -12,10 +13,12 @@
 #include <boost/asio/execution/outstanding_work.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/prefer.hpp>
-#include <boost/asio/system_executor.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/strand.hpp>
 
 #include <corma/detail/unique_function.hpp>
 
+#include <optional>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -176,22 +179,44 @@ class Completion<void(Args...)> {
       });
       return;
     }
-    hand_off<false>(RollbackUnlessDelivered{}, std::move(args)...);
+    hand_off<false>(RollbackUnlessDelivered{}, {}, std::move(args)...);
   }
 
-  /// Completes on the handler's executor, never inline (costs one extra hop:
-  /// for answers given from the initiating function, which are rare).
-  void post(Args... args) { hand_off<true>(RollbackUnlessDelivered{}, std::move(args)...); }
+  /// Completes on the handler's executor, never inline: for answers given
+  /// from the initiating function. Posted to the handler's own executor
+  /// where it can be posted to (an io_context's, a strand, any_io_executor:
+  /// what coroutines and bound handlers carry); otherwise (a handler with
+  /// no executor of its own, or one type-erased beyond reach) through `via`,
+  /// a thread-free executor the operation knows (its backend's progress
+  /// executor), from which it is dispatched. With neither, the handler,
+  /// which then runs anywhere by Asio's rules, runs on this thread. No
+  /// thread is ever started for it.
+  void post(const asio::any_io_executor& via, Args... args) {
+    hand_off<true>(RollbackUnlessDelivered{}, via, std::move(args)...);
+  }
+  /// post() for answers where no backend is at hand (an empty guard).
+  void post(Args... args) { post(asio::any_io_executor{}, std::move(args)...); }
 
   /// Like dispatch(), but `rollback` runs (on whatever thread destroys the
   /// undelivered handler) if the handler is destroyed without being invoked.
   void dispatch_or_rollback(UniqueFunction rollback, Args... args) {
-    hand_off<false>(RollbackUnlessDelivered{std::move(rollback)}, std::move(args)...);
+    hand_off<false>(RollbackUnlessDelivered{std::move(rollback)}, {}, std::move(args)...);
   }
 
  private:
+  /// The handler's own executor, if it is one that can be posted to.
+  static std::optional<asio::any_io_executor> postable(const asio::any_completion_executor& work) {
+    using io_tracked = decltype(asio::prefer(std::declval<asio::io_context::executor_type>(),
+                                             asio::execution::outstanding_work.tracked));
+    if (auto* any = work.template target<asio::any_io_executor>()) return *any;
+    if (auto* io = work.template target<io_tracked>()) return asio::any_io_executor(*io);
+    if (auto* strand = work.template target<asio::strand<asio::any_io_executor>>()) return asio::any_io_executor(*strand);
+    if (auto* strand = work.template target<asio::strand<io_tracked>>()) return asio::any_io_executor(*strand);
+    return std::nullopt;
+  }
+
   template <bool AlwaysPost>
-  void hand_off(RollbackUnlessDelivered rollback, Args... args) {
+  void hand_off(RollbackUnlessDelivered rollback, const asio::any_io_executor& via, Args... args) {
     auto work = std::move(work_);
     auto deliver = [handler = std::move(handler_), rollback = std::move(rollback),
                     args = std::make_tuple(std::move(args)...)]() mutable {
@@ -199,12 +224,16 @@ class Completion<void(Args...)> {
       std::apply(std::move(handler), std::move(args));
     };
     if constexpr (AlwaysPost) {
-      // A type-erased completion executor cannot be asked for
-      // blocking.never, so hop through the system executor: dispatching from
-      // one of its threads never runs inline on the caller's thread.
-      asio::post(asio::system_executor(), [work = std::move(work), deliver = std::move(deliver)]() mutable {
+      if (auto own = postable(work)) {
+        asio::post(*own, std::move(deliver));
+      } else if (via) {
+        // From `via`'s thread the dispatch cannot run on the caller's stack.
+        asio::post(via, [work = std::move(work), deliver = std::move(deliver)]() mutable {
+          asio::dispatch(work, std::move(deliver));
+        });
+      } else {
         asio::dispatch(work, std::move(deliver));
-      });
+      }
     } else {
       asio::dispatch(work, std::move(deliver));
     }

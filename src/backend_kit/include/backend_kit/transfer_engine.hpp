@@ -32,14 +32,17 @@ class TransferEngine : public EngineCore {
     op->request = std::move(request);
     // A cancelled transfer's bytes may still land.
     watch_cancellation(op, detail::terminal_only, [this](const std::shared_ptr<Op>& o) { cancel_transfer(o); });
-    submit([this, op] { run_transfer(op); }, [op](Error e) { op->completion.post(std::move(e)); });
+    submit([this, op] { run_transfer(op); },
+           [this, op](Error e) { op->completion.post(progress_executor(), std::move(e)); });
   }
 
   void initiate_batch(bool is_put, TransferBatch batch, RdmaBackend::Handler<BatchOutcome> h) final {
     auto op = std::allocate_shared<BatchOp<Op>>(asio::recycling_allocator<BatchOp<Op>>(),
                                                 detail::BatchTally::BatchCompletion(std::move(h)), batch.size());
-    if (auto fits = validate_batch_size(batch.size()); !fits) return op->tally.refuse(std::move(fits).error());
-    if (batch.empty()) return op->tally.answer_empty();
+    if (auto fits = validate_batch_size(batch.size()); !fits) {
+      return op->tally.refuse(progress_executor(), std::move(fits).error());
+    }
+    if (batch.empty()) return op->tally.answer_empty(progress_executor());
     std::vector<std::shared_ptr<Op>> elements;
     elements.reserve(batch.size());
     op->elements.reserve(batch.size());
@@ -59,7 +62,7 @@ class TransferEngine : public EngineCore {
       }
     });
     submit([this, op, elements = std::move(elements)] { run_batch(*op, elements); },
-           [op](Error e) { op->tally.refuse(std::move(e)); });
+           [this, op](Error e) { op->tally.refuse(progress_executor(), std::move(e)); });
   }
 
  protected:
