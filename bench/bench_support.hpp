@@ -3,6 +3,7 @@
 
 #include <corma/error.hpp>
 #include <corma/owner.hpp>
+#include <corma/registry.hpp>
 #include <corma/ucx.hpp>
 
 #include <boost/asio/io_context.hpp>
@@ -10,6 +11,7 @@
 #include <boost/asio/post.hpp>
 
 #include <chrono>
+#include <memory>
 #include <cstddef>
 #include <stdexcept>
 #include <string>
@@ -36,6 +38,14 @@ inline ucx::Config corma_config(const std::string& transport) {
   config.error_handling = transport == "tcp" ? ucx::ErrorHandling::peer : ucx::ErrorHandling::none;
   config.trusted_peers = true;
   return config;
+}
+
+/// A registry over a fresh UCX backend on `transport`, with a budget no
+/// benchmark reaches (4 GiB).
+inline std::shared_ptr<Registry> ucx_registry(const std::string& transport, const char* what) {
+  auto backend = ucx::Backend::create(corma_config(transport));
+  if (!backend) throw std::runtime_error(std::string(what) + ": " + backend.error().message());
+  return std::make_shared<Registry>(std::move(backend).value(), RegistryConfig{1ULL << 32, 0});
 }
 
 /// Stops an owner served on `io` and closes its acceptor, from `io`'s own

@@ -57,12 +57,8 @@ Measurement fetch_many_objects(const Options& options, const std::string& transp
   std::thread runner([&] { io.run(); });
   auto objects = OwnedBuffer::allocate(total);
   std::memset(objects.data(), 7, total);
-  auto owner_registry =
-      std::make_shared<Registry>(must(ucx::Backend::create(corma_config(transport)), "owner backend"),
-                                 RegistryConfig{1ULL << 32, 0});
-  auto consumer_registry =
-      std::make_shared<Registry>(must(ucx::Backend::create(corma_config(transport)), "consumer backend"),
-                                 RegistryConfig{1ULL << 32, 0});
+  auto owner_registry = ucx_registry(transport, "owner backend");
+  auto consumer_registry = ucx_registry(transport, "consumer backend");
   Owner owner(io.get_executor(), owner_registry);  // the default limits
   std::vector<std::string> names;
   for (std::size_t i = 0; i < object_count; ++i) {
@@ -89,8 +85,8 @@ Measurement fetch_many_objects(const Options& options, const std::string& transp
     m.corma.push_back(static_cast<double>(total * sets) / fetch_sets(io, *consumer, names, slots, sets) / 1e9);
     RawProgressThread target(raw.target);
     const double raw_seconds =
-        raw_get_batches(raw.initiator, raw.ep, raw_landing.data(), reinterpret_cast<std::uint64_t>(raw.remote_memory),
-                        raw.rkey, object_size, object_count, sets);
+        raw_batches(raw.initiator, raw.ep, raw_landing.data(), reinterpret_cast<std::uint64_t>(raw.remote_memory),
+                    raw.rkey, object_size, object_count, sets, false);
     m.raw.push_back(static_cast<double>(total * sets) / raw_seconds / 1e9);
   }
   m.target = "ratio >= 0.80";

@@ -77,12 +77,8 @@ Measurement parallel_fetch(const Options& options, const std::string& transport)
   std::thread runner([&] { io.run(); });
   auto objects = OwnedBuffer::allocate(total);
   std::memset(objects.data(), 7, total);
-  auto owner_registry =
-      std::make_shared<Registry>(must(ucx::Backend::create(corma_config(transport)), "owner backend"),
-                                 RegistryConfig{1ULL << 32, 0});
-  auto consumer_registry =
-      std::make_shared<Registry>(must(ucx::Backend::create(corma_config(transport)), "consumer backend"),
-                                 RegistryConfig{1ULL << 32, 0});
+  auto owner_registry = ucx_registry(transport, "owner backend");
+  auto consumer_registry = ucx_registry(transport, "consumer backend");
   Owner owner(io.get_executor(), owner_registry);  // the default limits; exports cached
   std::vector<std::string> names;
   for (std::size_t i = 0; i < fetch_count; ++i) {

@@ -155,48 +155,36 @@ void count_done(void* request, ucs_status_t, void* user_data) {
 
 }  // namespace
 
-double raw_get_batches(RawWorker& worker, ucp_ep_h ep, std::byte* local, std::uint64_t remote, ucp_rkey_h rkey,
-                       std::size_t size, std::size_t batch, std::size_t batches) {
+double raw_batches(RawWorker& worker, ucp_ep_h ep, std::byte* local, std::uint64_t remote, ucp_rkey_h rkey,
+                   std::size_t size, std::size_t batch, std::size_t batches, bool puts) {
   using clock = std::chrono::steady_clock;
   std::size_t done = 0;
-  ucp_request_param_t param{};
-  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-  param.cb.send = &count_done;
-  param.user_data = &done;
+  ucp_request_param_t counted{};
+  counted.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  counted.cb.send = &count_done;
+  counted.user_data = &done;
+  ucp_request_param_t uncounted{};
+  // Gets are counted one by one; puts are completed by one counted flush.
+  const std::size_t expected = puts ? 1 : batch;
   const auto start = clock::now();
   for (std::size_t round = 0; round < batches; ++round) {
     done = 0;
     for (std::size_t i = 0; i < batch; ++i) {
-      void* request = ucp_get_nbx(ep, local + i * size, size, remote + i * size, rkey, &param);
-      if (UCS_PTR_IS_ERR(request)) throw std::runtime_error("ucp_get_nbx failed");
-      if (request == nullptr) ++done;
+      void* request = puts ? ucp_put_nbx(ep, local + i * size, size, remote + i * size, rkey, &uncounted)
+                           : ucp_get_nbx(ep, local + i * size, size, remote + i * size, rkey, &counted);
+      if (UCS_PTR_IS_ERR(request)) throw std::runtime_error(puts ? "ucp_put_nbx failed" : "ucp_get_nbx failed");
+      if (request == nullptr) {
+        if (!puts) ++done;
+      } else if (puts) {
+        ucp_request_free(request);  // UCX releases it when it completes
+      }
     }
-    while (done < batch) ucp_worker_progress(worker.worker());
-  }
-  return std::chrono::duration<double>(clock::now() - start).count();
-}
-
-double raw_put_batches(RawWorker& worker, ucp_ep_h ep, std::byte* local, std::uint64_t remote, ucp_rkey_h rkey,
-                       std::size_t size, std::size_t batch, std::size_t batches) {
-  using clock = std::chrono::steady_clock;
-  std::size_t flushed = 0;
-  ucp_request_param_t flush_param{};
-  flush_param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-  flush_param.cb.send = &count_done;
-  flush_param.user_data = &flushed;
-  const auto start = clock::now();
-  for (std::size_t round = 0; round < batches; ++round) {
-    for (std::size_t i = 0; i < batch; ++i) {
-      ucp_request_param_t param{};
-      void* request = ucp_put_nbx(ep, local + i * size, size, remote + i * size, rkey, &param);
-      if (UCS_PTR_IS_ERR(request)) throw std::runtime_error("ucp_put_nbx failed");
-      if (request != nullptr) ucp_request_free(request);
+    if (puts) {
+      void* flush = ucp_ep_flush_nbx(ep, &counted);
+      if (UCS_PTR_IS_ERR(flush)) throw std::runtime_error("ucp_ep_flush_nbx failed");
+      if (flush == nullptr) done = 1;
     }
-    flushed = 0;
-    void* flush = ucp_ep_flush_nbx(ep, &flush_param);
-    if (UCS_PTR_IS_ERR(flush)) throw std::runtime_error("ucp_ep_flush_nbx failed");
-    if (flush == nullptr) flushed = 1;
-    while (flushed == 0) ucp_worker_progress(worker.worker());
+    while (done < expected) ucp_worker_progress(worker.worker());
   }
   return std::chrono::duration<double>(clock::now() - start).count();
 }

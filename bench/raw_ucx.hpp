@@ -88,15 +88,11 @@ double raw_get_loop(RawWorker& worker, ucp_ep_h ep, std::byte* local, std::uint6
                     std::size_t size, std::size_t window, std::size_t total_ops,
                     std::vector<double>* latencies_us = nullptr);
 
-/// `batches` rounds of `batch` gets of `size` bytes (element i at offset
-/// i * size on both sides), each round posted at once and waited for whole;
-/// returns the elapsed seconds.
-double raw_get_batches(RawWorker& worker, ucp_ep_h ep, std::byte* local, std::uint64_t remote, ucp_rkey_h rkey,
-                       std::size_t size, std::size_t batch, std::size_t batches);
-
-/// Like raw_get_batches with puts: each round's puts are posted without
-/// callbacks and completed by one endpoint flush.
-double raw_put_batches(RawWorker& worker, ucp_ep_h ep, std::byte* local, std::uint64_t remote, ucp_rkey_h rkey,
-                       std::size_t size, std::size_t batch, std::size_t batches);
+/// `batches` rounds of `batch` gets (or puts) of `size` bytes (element i
+/// at offset i * size on both sides), each round posted at once and waited
+/// for whole (puts: posted without callbacks and completed by one endpoint
+/// flush); returns the elapsed seconds.
+double raw_batches(RawWorker& worker, ucp_ep_h ep, std::byte* local, std::uint64_t remote, ucp_rkey_h rkey,
+                   std::size_t size, std::size_t batch, std::size_t batches, bool puts);
 
 }  // namespace corma::bench

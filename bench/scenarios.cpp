@@ -285,8 +285,7 @@ Measurement transfer_batch(const Options& options, const std::string& transport,
     RawProgressThread target(raw.target);
     const auto remote = reinterpret_cast<std::uint64_t>(raw.remote_memory);
     m.raw.push_back(ops /
-                    (puts ? raw_put_batches(raw.initiator, raw.ep, local, remote, raw.rkey, size, batch, batches)
-                          : raw_get_batches(raw.initiator, raw.ep, local, remote, raw.rkey, size, batch, batches)) /
+                    raw_batches(raw.initiator, raw.ep, local, remote, raw.rkey, size, batch, batches, puts) /
                     1e6);
   }
   const double floor = size >= 64 * KiB ? 0.95 : 0.85;
