@@ -1,23 +1,9 @@
 #include "parallel_fetch.hpp"
 
-#include "bench_support.hpp"
-
-#include <corma/consumer.hpp>
-#include <corma/owner.hpp>
+#include "object_service.hpp"
 
 #include <boost/asio/as_tuple.hpp>
-#include <boost/asio/co_spawn.hpp>
-#include <boost/asio/detached.hpp>
-#include <boost/asio/executor_work_guard.hpp>
-#include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <boost/asio/use_awaitable.hpp>
-#include <boost/asio/use_future.hpp>
-
-#include <cstring>
-#include <memory>
-#include <thread>
-#include <vector>
 
 namespace corma::bench {
 
@@ -55,15 +41,7 @@ asio::awaitable<void> fetch_all(const Round& round) {
 
 /// Seconds for `rounds` rounds, one after the other.
 double fetch_rounds(asio::io_context& io, const Round& round, std::size_t rounds) {
-  auto timed = asio::co_spawn(
-      io,
-      [&]() -> asio::awaitable<double> {
-        const auto start = clock_type::now();
-        for (std::size_t r = 0; r < rounds; ++r) co_await fetch_all(round);
-        co_return std::chrono::duration<double>(clock_type::now() - start).count();
-      },
-      asio::use_future);
-  return timed.get();
+  return time_awaits(io, rounds, [&] { return fetch_all(round); });
 }
 
 }  // namespace
@@ -72,37 +50,19 @@ Measurement parallel_fetch(const Options& options, const std::string& transport)
   Measurement m{"parallel_fetch", transport, "consumers=1 fetches=8 size=1MiB warm", "GB/s", true, {}, {}, {}, true};
   m.baseline = "eight consumers";
   constexpr std::size_t total = fetch_count * object_size;
-  asio::io_context io(1);
-  auto work = asio::make_work_guard(io);
-  std::thread runner([&] { io.run(); });
-  auto objects = OwnedBuffer::allocate(total);
-  std::memset(objects.data(), 7, total);
-  auto owner_registry = ucx_registry(transport, "owner backend");
-  auto consumer_registry = ucx_registry(transport, "consumer backend");
-  Owner owner(io.get_executor(), owner_registry);  // the default limits; exports cached
-  std::vector<std::string> names;
-  for (std::size_t i = 0; i < fetch_count; ++i) {
-    names.push_back("block-" + std::to_string(i));
-    owner.publish(names.back(), PublishedObject{{objects.data() + i * object_size, object_size}, nullptr});
-  }
-  asio::ip::tcp::acceptor acceptor(io, {asio::ip::make_address("127.0.0.1"), 0});
-  asio::co_spawn(io, owner.serve(acceptor), asio::detached);
-  auto connect = [&] {
-    return must(Consumer::connect(io.get_executor(), acceptor.local_endpoint(), consumer_registry, {},
-                                  asio::use_future)
-                    .get(),
-                "consumer");
-  };
-  auto alone = connect();
+  ObjectService service(transport, fetch_count, object_size, [](std::size_t i) { return "block-" + std::to_string(i); });
+  auto& io = service.io;
+  auto alone = service.connect();
   std::vector<std::unique_ptr<Consumer>> eight;
-  for (std::size_t i = 0; i < fetch_count; ++i) eight.push_back(connect());
+  for (std::size_t i = 0; i < fetch_count; ++i) eight.push_back(service.connect());
   auto landing = OwnedBuffer::allocate(total);
   std::vector<RegionGuard> destinations;
   for (std::size_t i = 0; i < fetch_count; ++i) {
     std::span<std::byte> slice(landing.data() + i * object_size, object_size);
-    destinations.push_back(
-        must(consumer_registry->async_register(slice, Access::local, asio::use_future).get(), "destination"));
+    destinations.push_back(must(
+        service.consumer_registry()->async_register(slice, Access::local, asio::use_future).get(), "destination"));
   }
+  const auto& names = service.names;
   const Round one_connection{std::vector<Consumer*>(fetch_count, alone.get()), names, destinations};
   Round eight_connections{{}, names, destinations};
   for (auto& consumer : eight) eight_connections.consumers.push_back(consumer.get());
@@ -120,9 +80,6 @@ Measurement parallel_fetch(const Options& options, const std::string& transport)
   alone.reset();
   eight.clear();
   destinations.clear();
-  stop_serving(io, owner, acceptor);
-  work.reset();
-  runner.join();
   return m;
 }
 

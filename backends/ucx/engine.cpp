@@ -374,21 +374,21 @@ void Backend::Engine::strand_transfers_of(PeerId id, Peer& peer) {
   peer.ep = nullptr;  // left to the worker's destruction
   for (auto transfer_id : transfers_where([id](const UcxTransferOp& op) { return op.request.peer == id; })) {
     auto op = untrack(transfer_id);
-    op->stranded = true;
     answer(*op, provider_error(errc::peer_unreachable,
                                std::string(op->is_put ? "put" : "get") +
                                    " given up with its peer: without peer error handling it cannot be ended, "
                                    "and its local region stays registered until it is"));
-    orphans.emplace(transfer_id, std::move(op));
+    stranded.emplace(transfer_id, std::move(op));
   }
 }
 
 void Backend::Engine::release_orphan(std::uint64_t id) {
-  auto it = orphans.find(id);
-  if (it == orphans.end()) return;
+  // UCX completed its request: it never touches it again.
+  if (orphans.erase(id) != 0) return;  // its region was released with its closed endpoint
+  auto it = stranded.find(id);
+  if (it == stranded.end()) return;
   auto op = std::move(it->second);
-  orphans.erase(it);  // UCX completed its request: it never touches it again
-  if (!op->stranded) return;  // its region was released with its closed endpoint
+  stranded.erase(it);
   op->key.reset();
   unpin(op->request.local);
 }

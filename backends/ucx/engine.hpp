@@ -31,10 +31,6 @@ struct UcxTransferOp : TransferOp {
   SharedRemoteKey key;  ///< held until UCX is done with the transfer
   ucs_status_t status = UCS_OK;
   std::vector<std::uint64_t>* finished = nullptr;  // the engine's completion list
-  /// Given up while UCX still holds its request: answered and no longer
-  /// tracked, but its local region stays pinned (and its key alive) until
-  /// UCX completes the request or the worker is destroyed.
-  bool stranded = false;
 };
 
 struct Backend::Engine final : backend_kit::TransferEngine<UcxTransferOp> {
@@ -161,17 +157,24 @@ struct Backend::Engine final : backend_kit::TransferEngine<UcxTransferOp> {
   std::vector<Closing> closing_endpoints;
   /// Transfers given up with their broken peer, by id. UCX may still hold
   /// their requests (and call back into them), so they live until it
-  /// completes them or the worker dies.
+  /// completes them or the worker dies. Orphans lost their local region
+  /// with their closed endpoint; stranded transfers (a peer UCX cannot end)
+  /// still pin theirs, released when UCX completes them.
   std::map<std::uint64_t, std::shared_ptr<UcxTransferOp>> orphans;
-  /// Puts issued and not yet covered by a flush, by peer.
-  std::map<PeerId, std::vector<std::shared_ptr<UcxTransferOp>>> unflushed_puts;
-  /// A flush in flight and the puts it completes.
+  std::map<std::uint64_t, std::shared_ptr<UcxTransferOp>> stranded;
+  /// Puts issued and not yet covered by a flush: their peer and transfer id.
+  /// Kept between turns so that its capacity is reused.
+  std::vector<std::pair<PeerId, std::uint64_t>> unflushed_puts;
+  /// A flush in flight and the transfer ids of the puts it completes (the
+  /// transfer table, the orphans or the stranded hold the ops themselves).
   struct PutFlush {
-    std::vector<std::shared_ptr<UcxTransferOp>> puts;
-    std::vector<std::uint64_t>* finished = nullptr;  // the engine's completion list
+    Engine* engine = nullptr;
+    std::vector<std::uint64_t> puts;
     bool done = false;
   };
   std::list<PutFlush> put_flushes;
+  /// The puts ended with `status`: recorded for progress() to finish.
+  void record_puts(const std::vector<std::uint64_t>& ids, ucs_status_t status);
 };
 
 }  // namespace corma::ucx

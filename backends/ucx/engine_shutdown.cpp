@@ -114,6 +114,7 @@ void Backend::Engine::tear_down() {
   // progresses the worker any more, so no request uses them.
   for (auto& [id, peer] : peers) forget_keys(peer);
   for (auto& [id, op] : orphans) op->key.reset();
+  for (auto& [id, op] : stranded) op->key.reset();
   for (auto id : transfers_where([](const UcxTransferOp&) { return true; })) {
     if (auto op = share_transfer(id)) op->key.reset();
   }
@@ -121,6 +122,7 @@ void Backend::Engine::tear_down() {
   if (worker != nullptr) ucp_worker_destroy(worker);
   if (context != nullptr) ucp_cleanup(context);
   orphans.clear();  // no callback can reach them any more
+  stranded.clear();
   put_flushes.clear();
   worker = nullptr;
   context = nullptr;
