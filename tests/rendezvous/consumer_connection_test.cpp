@@ -199,6 +199,36 @@ TEST_F(Rendezvous, FetchesRunTheirRdmaGetsAtOnceOnOneConnection) {
   }
 }
 
+TEST_F(Rendezvous, OneLeaseKeeperCarriesEveryFetchOfTheConnectionPastManyLeaseTimeouts) {
+  start_owner(64 << 20, corma::OwnerConfig{.lease_timeout = std::chrono::milliseconds(120),
+                                           .reap_interval = std::chrono::milliseconds(10)});
+  consumer_backend->hold_transfers();
+  constexpr int fetches = 4;
+  constexpr std::uint64_t renewals_each = 4;  // about four lease timeouts while the gets are held
+  std::vector<std::optional<corma::Result<corma::Fetched>>> outcomes(fetches);
+  corma::testing::run(io, [&]() -> asio::awaitable<void> {
+    auto consumer = (co_await connect(consumer_registry)).value();
+    for (auto& outcome : outcomes) {
+      asio::co_spawn(io, [&consumer, &outcome]() -> asio::awaitable<void> {
+        outcome = co_await consumer->async_fetch("big");
+      }, asio::detached);
+    }
+    co_await poll_until([&] { return consumer_backend->transfers_in_flight() == fetches; });
+    co_await poll_until([&] { return consumer->stats().renewals >= renewals_each * fetches; });
+    EXPECT_GE(consumer->stats().renewals, renewals_each * fetches);
+    EXPECT_EQ(owner->stats().live_leases, static_cast<std::uint64_t>(fetches));
+    consumer_backend->release_transfers();
+    co_await poll_until([&] { return std::all_of(outcomes.begin(), outcomes.end(), [](auto& o) { return o.has_value(); }); });
+  }());
+  for (auto& outcome : outcomes) {
+    ASSERT_TRUE(outcome.has_value());
+    ASSERT_TRUE(*outcome) << outcome->error().message();
+    EXPECT_EQ(outcome->value().path, corma::Path::rdma);
+    EXPECT_EQ(std::vector<std::byte>(outcome->value().data.bytes().begin(), outcome->value().data.bytes().end()), big);
+  }
+  EXPECT_EQ(owner->stats().leases_expired, 0u) << "a lease lapsed while its fetch's get was held";
+}
+
 TEST_F(Rendezvous, CancellingRunningAndWaitingFetchesAtRandomNeverWedgesTheConnection) {
   start_owner();
   corma::ConsumerConfig config;
