@@ -17,6 +17,8 @@
 namespace corma {
 
 namespace detail {
+class ArenaCore;
+class GuardShare;
 class Latch;
 class RegionState;
 class RegistryCore;
@@ -78,12 +80,14 @@ class DeregisteredEvent {
   std::shared_ptr<detail::Latch> latch_;
 };
 
-/// Move-only owner of one registration. Destroying it never blocks: it starts
+/// Move-only owner of one registration, or of one slice of an arena's
+/// registration (Arena::allocate). Destroying it never blocks: it starts
 /// deregistration in the background (on the backend's thread), and the budget
-/// comes back when the backend confirms the unmap. Its operations hold the
-/// region's state, not the guard: one created with `asio::deferred` acts on
-/// the region the guard held then, even if the guard has moved or gone by
-/// the time it is launched.
+/// comes back when the backend confirms the unmap; a slice goes back to its
+/// arena once its transfers have ended. Its operations hold the region's
+/// state, not the guard: one created with `asio::deferred` acts on the region
+/// the guard held then, even if the guard has moved or gone by the time it is
+/// launched.
 class RegionGuard {
  public:
   RegionGuard() noexcept;
@@ -95,19 +99,25 @@ class RegionGuard {
 
   [[nodiscard]] explicit operator bool() const noexcept { return state_ != nullptr; }
 
-  /// The local view: exactly the bytes that were registered.
+  /// The local view: exactly the bytes that were registered, or the slice's.
   [[nodiscard]] std::byte* data() const noexcept;
   [[nodiscard]] std::size_t size() const noexcept;
   [[nodiscard]] std::span<std::byte> bytes() const noexcept { return {data(), size()}; }
 
+  /// The registration's id (a slice's is its arena's).
   [[nodiscard]] RegionId id() const noexcept;
-  /// Bytes charged against the budget (whole pages).
+  /// Bytes charged against the budget (whole pages); 0 for a slice, whose
+  /// arena was charged once for all of them.
   [[nodiscard]] std::uint64_t charged_bytes() const noexcept;
-  /// What the backend reported, including the effective (page-rounded) range.
+  /// What the backend reported, including the effective (page-rounded)
+  /// range; a slice's is its arena's whole registration.
   [[nodiscard]] const BackendRegion& backend_region() const noexcept;
-  /// What a peer needs to get from (or put into) this region.
+  /// What a peer needs to get from (or put into) this region: for a slice,
+  /// the slice's bytes only. Its key is the registration's: a peer holding
+  /// it can reach the whole registration (for a slice, its whole arena).
   [[nodiscard]] RemoteRegion remote() const;
-  /// Resolves when the memory may be freed or reused.
+  /// Resolves when the memory may be freed or reused; for a slice, when the
+  /// slice is back in its arena (the guard and its transfers are done).
   [[nodiscard]] DeregisteredEvent deregistered() const;
 
   /// Reads `range.len` bytes of `remote` (at `range.remote_offset`) into this
@@ -119,8 +129,8 @@ class RegionGuard {
   template <asio::completion_token_for<void(Result<void>)> Token>
   auto async_get(PeerId peer, const RemoteRegion& remote, TransferRange range, Token&& token) {
     return asio::async_initiate<Token, void(Result<void>)>(
-        [state = state_](auto handler, PeerId p, RemoteRegion rr, TransferRange r) mutable {
-          do_transfer(std::move(state), false, p, std::move(rr), r, std::move(handler));
+        [state = state_, share = share_](auto handler, PeerId p, RemoteRegion rr, TransferRange r) mutable {
+          do_transfer(std::move(state), std::move(share), false, p, std::move(rr), r, std::move(handler));
         },
         token, peer, remote, range);
   }
@@ -130,8 +140,8 @@ class RegionGuard {
   template <asio::completion_token_for<void(Result<void>)> Token>
   auto async_put(PeerId peer, const RemoteRegion& remote, TransferRange range, Token&& token) {
     return asio::async_initiate<Token, void(Result<void>)>(
-        [state = state_](auto handler, PeerId p, RemoteRegion rr, TransferRange r) mutable {
-          do_transfer(std::move(state), true, p, std::move(rr), r, std::move(handler));
+        [state = state_, share = share_](auto handler, PeerId p, RemoteRegion rr, TransferRange r) mutable {
+          do_transfer(std::move(state), std::move(share), true, p, std::move(rr), r, std::move(handler));
         },
         token, peer, remote, range);
   }
@@ -150,27 +160,33 @@ class RegionGuard {
 
   /// Stops new transfers, waits for the ones in flight, unmaps. Success means
   /// the backend confirmed the release; an error means the state is unknown
-  /// and the budget stays charged.
+  /// and the budget stays charged. A slice's guard lets go of the slice and
+  /// answers once it is back in its arena.
   template <asio::completion_token_for<void(Result<void>)> Token>
   auto async_deregister(Token&& token) {
     return asio::async_initiate<Token, void(Result<void>)>(
-        [state = state_](auto handler) { do_deregister(state, std::move(handler)); }, token);
+        [state = state_, share = share_](auto handler) { do_deregister(state, share, std::move(handler)); },
+        token);
   }
 
  private:
   friend class detail::RegistryCore;
+  friend class detail::ArenaCore;
   explicit RegionGuard(std::shared_ptr<detail::RegionState> state) noexcept;
+  RegionGuard(std::shared_ptr<detail::RegionState> state, std::shared_ptr<detail::GuardShare> share) noexcept;
 
-  static void do_transfer(std::shared_ptr<detail::RegionState> state, bool is_put, PeerId peer,
-                          RemoteRegion remote, TransferRange range,
+  static void do_transfer(std::shared_ptr<detail::RegionState> state, std::shared_ptr<detail::GuardShare> share,
+                          bool is_put, PeerId peer, RemoteRegion remote, TransferRange range,
                           asio::any_completion_handler<void(Result<void>)> handler);
   static void do_get_batch(PeerId peer, std::vector<BatchedGet> gets,
                            asio::any_completion_handler<void(Result<BatchOutcome>)> handler);
   static void do_deregister(const std::shared_ptr<detail::RegionState>& state,
+                            const std::shared_ptr<detail::GuardShare>& share,
                             asio::any_completion_handler<void(Result<void>)> handler);
   void release() noexcept;
 
   std::shared_ptr<detail::RegionState> state_;
+  std::shared_ptr<detail::GuardShare> share_;  ///< set for a slice: its place in the registration
 };
 
 }  // namespace corma

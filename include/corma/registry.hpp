@@ -1,6 +1,7 @@
 // Registry: byte-budgeted registration of memory with an RdmaBackend.
 #pragma once
 
+#include <corma/arena.hpp>
 #include <corma/backend.hpp>
 #include <corma/error.hpp>
 #include <corma/owned_buffer.hpp>
@@ -114,6 +115,18 @@ class Registry {
         token, std::move(buffer), access);
   }
 
+  /// An arena (Arena) of at least `bytes`, rounded up to whole chunks of
+  /// `config.max_slice`: memory the registry owns, registered once with
+  /// `config.access` and charged to the budget once; its slices cost no
+  /// backend call. Refused like a registration (`budget_exceeded` is
+  /// routine), and `out_of_range` for a config it cannot cut.
+  template <asio::completion_token_for<void(Result<Arena>)> Token>
+  auto async_make_arena(std::size_t bytes, ArenaConfig config, Token&& token) {
+    return asio::async_initiate<Token, void(Result<Arena>)>(
+        [core = core_](auto handler, std::size_t b, ArenaConfig c) { do_make_arena(core, b, c, std::move(handler)); },
+        token, bytes, config);
+  }
+
   /// Closes admission (new registrations get `shutting_down`), waits for the
   /// admitted ones, deregisters everything, and latches every region's
   /// deregistered() once the backend reports zero live registrations
@@ -148,6 +161,8 @@ class Registry {
                           asio::any_completion_handler<void(Result<RegionGuard>)> handler);
   static void do_register_owned(const Core& core, OwnedBuffer buffer, Access access,
                                 asio::any_completion_handler<void(OwnedResult)> handler);
+  static void do_make_arena(const Core& core, std::size_t bytes, ArenaConfig config,
+                            asio::any_completion_handler<void(Result<Arena>)> handler);
   static void do_shutdown(const Core& core, std::chrono::steady_clock::duration deadline,
                           std::shared_ptr<asio::steady_timer> timer,
                           asio::any_completion_handler<void(Result<void>)> handler);

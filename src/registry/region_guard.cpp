@@ -1,5 +1,6 @@
 #include <corma/region_guard.hpp>
 
+#include "guard_share.hpp"
 #include "latch.hpp"
 #include "region_state.hpp"
 
@@ -28,12 +29,17 @@ void DeregisteredEvent::do_wait(const std::shared_ptr<detail::Latch>& latch,
 
 RegionGuard::RegionGuard() noexcept = default;
 RegionGuard::RegionGuard(std::shared_ptr<detail::RegionState> state) noexcept : state_(std::move(state)) {}
-RegionGuard::RegionGuard(RegionGuard&& other) noexcept : state_(std::move(other.state_)) {}
+RegionGuard::RegionGuard(std::shared_ptr<detail::RegionState> state,
+                         std::shared_ptr<detail::GuardShare> share) noexcept
+    : state_(std::move(state)), share_(std::move(share)) {}
+RegionGuard::RegionGuard(RegionGuard&& other) noexcept
+    : state_(std::move(other.state_)), share_(std::move(other.share_)) {}
 
 RegionGuard& RegionGuard::operator=(RegionGuard&& other) noexcept {
   if (this != &other) {
     release();
     state_ = std::move(other.state_);
+    share_ = std::move(other.share_);
   }
   return *this;
 }
@@ -42,6 +48,19 @@ RegionGuard::~RegionGuard() { release(); }
 
 void RegionGuard::release() noexcept {
   if (!state_) return;
+  if (share_) {
+    // A slice: back to its arena once its transfers are done; the
+    // registration is the arena's.
+    try {
+      share_->let_go();
+    } catch (...) {
+      // Out of memory setting its event: the slice stays out of its arena,
+      // which is safe.
+    }
+    share_.reset();
+    state_.reset();
+    return;
+  }
   try {
     state_->request_deregistration({});
   } catch (...) {
@@ -51,10 +70,16 @@ void RegionGuard::release() noexcept {
   state_.reset();
 }
 
-std::byte* RegionGuard::data() const noexcept { return state_ ? state_->memory().data() : nullptr; }
-std::size_t RegionGuard::size() const noexcept { return state_ ? state_->memory().size() : 0; }
+std::byte* RegionGuard::data() const noexcept {
+  if (!state_) return nullptr;
+  return state_->memory().data() + (share_ ? share_->offset() : 0);
+}
+std::size_t RegionGuard::size() const noexcept {
+  if (!state_) return 0;
+  return share_ ? share_->len() : state_->memory().size();
+}
 RegionId RegionGuard::id() const noexcept { return state_ ? state_->region().id : RegionId{}; }
-std::uint64_t RegionGuard::charged_bytes() const noexcept { return state_ ? state_->charged() : 0; }
+std::uint64_t RegionGuard::charged_bytes() const noexcept { return state_ && !share_ ? state_->charged() : 0; }
 
 const BackendRegion& RegionGuard::backend_region() const noexcept {
   static const BackendRegion empty{};
@@ -63,52 +88,65 @@ const BackendRegion& RegionGuard::backend_region() const noexcept {
 
 RemoteRegion RegionGuard::remote() const {
   if (!state_) return {};
-  return RemoteRegion{state_->backend()->wire_id(), state_->generation(),
-                      reinterpret_cast<std::uint64_t>(state_->memory().data()),
-                      state_->memory().size(), state_->region().packed_key};
+  return RemoteRegion{state_->backend()->wire_id(), state_->generation(), reinterpret_cast<std::uint64_t>(data()),
+                      size(), state_->region().packed_key};
 }
 
 DeregisteredEvent RegionGuard::deregistered() const {
-  return DeregisteredEvent(state_ ? state_->deregistered() : nullptr);
+  if (!state_) return DeregisteredEvent(nullptr);
+  return DeregisteredEvent(share_ ? share_->given_back() : state_->deregistered());
 }
 
 namespace {
 
-/// Whether `range` may move between `state`'s region and `remote`: both
-/// slices inside their regions, the remote region of this backend, and the
-/// region still admitting transfers (then one is begun: end it once done).
-Result<void> begin_checked_transfer(detail::RegionState& state, const RemoteRegion& remote,
-                                    const TransferRange& range) {
-  CORMA_TRY(validate_slice(range.local_offset, range.len, state.memory().size()));
+/// Whether `range` may move between the guard's bytes (`state`'s region, or
+/// `share`'s slice of it) and `remote`: both slices inside their regions, the
+/// remote region of this backend, and the region (and slice) still admitting
+/// transfers (then one is begun: end it once done). Gives the local offset
+/// in the registration.
+Result<std::uint64_t> begin_checked_transfer(detail::RegionState& state, detail::GuardShare* share,
+                                             const RemoteRegion& remote, const TransferRange& range) {
+  const std::uint64_t base = share != nullptr ? share->offset() : 0;
+  const std::uint64_t len = share != nullptr ? share->len() : state.memory().size();
+  CORMA_TRY(validate_slice(range.local_offset, range.len, len));
   CORMA_TRY(validate_slice(range.remote_offset, range.len, remote.len));
+
   const auto& backend = state.backend();
   if (remote.backend != backend->wire_id()) {
     return fail(errc::invalid_key, "remote region belongs to backend " +
                                        std::to_string(static_cast<unsigned>(remote.backend)) + ", not " +
                                        std::string(backend->key()));
   }
-  if (!state.begin_transfer()) return fail(errc::region_not_found, "region is being deregistered");
-  return success();
+  if (share != nullptr && !share->begin_transfer()) {
+    return fail(errc::region_not_found, "slice given back to its arena");
+  }
+  if (!state.begin_transfer()) {
+    if (share != nullptr) share->end_transfer();
+    return fail(errc::region_not_found, "region is being deregistered");
+  }
+  return base + range.local_offset;
 }
 
 }  // namespace
 
-void RegionGuard::do_transfer(std::shared_ptr<detail::RegionState> state, bool is_put, PeerId peer,
-                              RemoteRegion remote, TransferRange range,
+void RegionGuard::do_transfer(std::shared_ptr<detail::RegionState> state, std::shared_ptr<detail::GuardShare> share,
+                              bool is_put, PeerId peer, RemoteRegion remote, TransferRange range,
                               asio::any_completion_handler<void(Result<void>)> handler) {
   VoidCompletion completion(std::move(handler));
   if (!state) return completion.post(fail(errc::region_not_found, "empty region guard"));
-  if (auto begun = begin_checked_transfer(*state, remote, range); !begun) {
-    return completion.post(state->backend()->progress_executor(), std::move(begun).error());
-  }
+  auto begun = begin_checked_transfer(*state, share.get(), remote, range);
+  if (!begun) return completion.post(state->backend()->progress_executor(), std::move(begun).error());
   const auto& backend = state->backend();
-  TransferRequest request{peer, state->region().id, range.local_offset,
-                          remote.addr + range.remote_offset, range.len, std::move(remote.packed_key)};
+  TransferRequest request{peer, state->region().id, begun.value(), remote.addr + range.remote_offset, range.len,
+                          std::move(remote.packed_key)};
   auto slot = completion.cancellation_slot();
-  // `backend` stays valid: the state, moved into the callback, keeps it.
+  // `backend` stays valid: the state, moved into the callback, keeps it; a
+  // slice stays out of its arena until the transfer ends.
   auto done = asio::bind_cancellation_slot(
-      slot, [state = std::move(state), completion = std::move(completion)](Result<void> outcome) mutable {
+      slot, [state = std::move(state), share = std::move(share),
+             completion = std::move(completion)](Result<void> outcome) mutable {
         state->end_transfer();
+        if (share) share->end_transfer();
         completion.dispatch(std::move(outcome));
       });
   if (is_put) {
@@ -126,7 +164,11 @@ void RegionGuard::do_get_batch(PeerId peer, std::vector<BatchedGet> gets,
   // as one batch, whose indices `submitted` maps back.
   std::vector<BatchFailure> refused;
   std::vector<std::size_t> submitted;
-  std::vector<std::shared_ptr<detail::RegionState>> begun;
+  struct Begun {
+    std::shared_ptr<detail::RegionState> state;
+    std::shared_ptr<detail::GuardShare> share;  // a slice, kept out of its arena until the batch ends
+  };
+  std::vector<Begun> begun;
   TransferBatch batch;
   submitted.reserve(gets.size());
   begun.reserve(gets.size());
@@ -135,11 +177,12 @@ void RegionGuard::do_get_batch(PeerId peer, std::vector<BatchedGet> gets,
   for (std::size_t i = 0; i < gets.size(); ++i) {
     auto& get = gets[i];
     auto state = get.into != nullptr ? get.into->state_ : nullptr;
-    Result<void> admitted = fail(errc::region_not_found, "empty region guard");
+    auto share = get.into != nullptr ? get.into->share_ : nullptr;
+    Result<std::uint64_t> admitted = fail(errc::region_not_found, "empty region guard");
     if (state && backend && state->backend() != backend) {
       admitted = fail(errc::region_not_found, "region of another backend than the batch's first");
     } else if (state) {
-      admitted = begin_checked_transfer(*state, get.remote, get.range);
+      admitted = begin_checked_transfer(*state, share.get(), get.remote, get.range);
     }
     if (!admitted) {
       refused.push_back(BatchFailure{i, std::move(admitted).error()});
@@ -148,10 +191,10 @@ void RegionGuard::do_get_batch(PeerId peer, std::vector<BatchedGet> gets,
     backend = state->backend();
     TransferKey key = std::move(get.remote.packed_key);
     if (get.key != RemoteKeyId::none) key = get.key;
-    batch.push_back(TransferRequest{peer, state->region().id, get.range.local_offset,
+    batch.push_back(TransferRequest{peer, state->region().id, admitted.value(),
                                     get.remote.addr + get.range.remote_offset, get.range.len, std::move(key)});
     submitted.push_back(i);
-    begun.push_back(std::move(state));
+    begun.push_back(Begun{std::move(state), std::move(share)});
   }
   if (batch.empty()) {
     asio::any_io_executor via;
@@ -162,7 +205,10 @@ void RegionGuard::do_get_batch(PeerId peer, std::vector<BatchedGet> gets,
   auto done = asio::bind_cancellation_slot(
       slot, [begun = std::move(begun), submitted = std::move(submitted), refused = std::move(refused),
              size = gets.size(), completion = std::move(completion)](Result<BatchOutcome> outcome) mutable {
-        for (const auto& state : begun) state->end_transfer();
+        for (const auto& element : begun) {
+          element.state->end_transfer();
+          if (element.share) element.share->end_transfer();
+        }
         if (!outcome) return completion.dispatch(std::move(outcome).error());
         // Back to the caller's indices, in order.
         auto failures = std::move(refused);
@@ -177,7 +223,14 @@ void RegionGuard::do_get_batch(PeerId peer, std::vector<BatchedGet> gets,
 }
 
 void RegionGuard::do_deregister(const std::shared_ptr<detail::RegionState>& state,
+                                const std::shared_ptr<detail::GuardShare>& share,
                                 asio::any_completion_handler<void(Result<void>)> handler) {
+  if (share) {
+    // A slice: let go, and answer once it is back in its arena.
+    auto given_back = share->given_back();
+    share->let_go();
+    return given_back->wait(std::move(handler));
+  }
   auto completion = std::make_shared<VoidCompletion>(std::move(handler));
   if (!state) return completion->post(success());
   // The listener may run inside this call (the region was already released):

@@ -1,5 +1,6 @@
 #include <corma/registry.hpp>
 
+#include "arena_core.hpp"
 #include "registry_core.hpp"
 
 #include <boost/asio/bind_cancellation_slot.hpp>
@@ -71,6 +72,23 @@ void Registry::do_register_owned(const Core& core, OwnedBuffer buffer, Access ac
         OwnedRegistrationFailure{std::move(r).error(), std::move(b)})));
   });
   core->start_registration(memory, access, std::move(buffer), std::move(done));
+}
+
+void Registry::do_make_arena(const Core& core, std::size_t bytes, ArenaConfig config,
+                             asio::any_completion_handler<void(Result<Arena>)> handler) {
+  auto capacity = detail::ArenaCore::capacity_for(bytes, config);
+  if (!capacity) {
+    return detail::Completion<void(Result<Arena>)>(std::move(handler))
+        .post(core->backend()->progress_executor(), std::move(capacity).error());
+  }
+  const CallerBinding caller(handler);
+  auto done = caller.bind([h = std::move(handler), config](Result<RegionGuard> r, OwnedBuffer) mutable {
+    if (!r) return std::move(h)(std::move(r).error());
+    std::move(h)(Arena(std::make_shared<detail::ArenaCore>(std::move(r).value(), config)));
+  });
+  auto buffer = OwnedBuffer::allocate(static_cast<std::size_t>(capacity.value()));
+  const auto memory = buffer.bytes();
+  core->start_registration(memory, config.access, std::move(buffer), std::move(done));
 }
 
 void Registry::do_shutdown(const Core& core, std::chrono::steady_clock::duration deadline,

@@ -112,6 +112,34 @@ TEST_F(FetchMany, ASetArrivesWholeInBatchesOfTheOwnersLimit) {
   EXPECT_EQ(owner->stats().exports_registered, registered);
 }
 
+TEST_F(FetchMany, ObjectsLandInArenaSlicesByEitherPathWithNoRegistrationOfTheirOwn) {
+  start_owner_with_objects();
+  constexpr std::size_t count = 30;
+  auto arena = corma::testing::run(io, consumer_registry->async_make_arena(
+                                           count * slot_size, corma::ArenaConfig{.min_slice = 1024, .max_slice = slot_size},
+                                           asio::use_awaitable))
+                   .value();
+  std::vector<RegionGuard> slices;
+  slices.reserve(count);
+  std::vector<std::string> names;
+  std::vector<FetchSlot> slots;
+  for (std::size_t i = 0; i < count; ++i) {
+    slices.push_back(arena.allocate(contents[i].size()).value());
+    names.push_back(name_of(i));
+    slots.push_back(FetchSlot{&slices.back(), 0, slices.back().size()});
+  }
+  auto c = consumer();
+  const auto registrations = consumer_registry->stats().registrations;
+  auto outcomes = fetch_all(*c, names, slots);
+  ASSERT_EQ(outcomes.size(), count);
+  for (std::size_t i = 0; i < count; ++i) {
+    ASSERT_TRUE(outcomes[i]) << i << ": " << outcomes[i].error().message();
+    EXPECT_EQ(outcomes[i].value().path, i % 3 == 0 ? Path::chunked : Path::rdma) << i;
+    EXPECT_EQ(std::memcmp(slices[i].data(), contents[i].data(), contents[i].size()), 0) << "object " << i;
+  }
+  EXPECT_EQ(consumer_registry->stats().registrations, registrations) << "a fetch registered its own destination";
+}
+
 TEST_F(FetchMany, EachObjectFailsAlone) {
   start_owner_with_objects();
   auto c = consumer();
