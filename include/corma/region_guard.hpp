@@ -21,6 +21,7 @@ class ArenaCore;
 class GuardShare;
 class Latch;
 class RegionState;
+class RegistrationCache;
 class RegistryCore;
 }  // namespace detail
 
@@ -172,6 +173,7 @@ class RegionGuard {
  private:
   friend class detail::RegistryCore;
   friend class detail::ArenaCore;
+  friend class detail::RegistrationCache;
   explicit RegionGuard(std::shared_ptr<detail::RegionState> state) noexcept;
   RegionGuard(std::shared_ptr<detail::RegionState> state, std::shared_ptr<detail::GuardShare> share) noexcept;
 

@@ -27,6 +27,21 @@ struct RegistryConfig {
   std::uint64_t budget_bytes = 0;
   /// Page size used to compute charges; 0 means the system's.
   std::size_t page_size = 0;
+  /// The registration cache (docs/architecture.md, "Registration cache and
+  /// arenas"), for caller memory: a registration of bytes that a cached
+  /// registration with at least the same access already covers shares it,
+  /// with no backend call and no second charge. Opt-in, because the cache
+  /// keeps memory registered after its guards went: the caller must call
+  /// async_invalidate before it frees or remaps memory it registered.
+  bool cache_registrations = false;
+  /// The share of the budget that cached registrations with no guard left
+  /// may hold; beyond it the least recently used go. The budget takes idle
+  /// ones back before it refuses a registration `budget_exceeded`.
+  double cache_idle_share = 0.25;
+  /// A guard exposed to peers shares only a registration of exactly its
+  /// bytes, since a peer with the key reaches the whole registration;
+  /// true lets it share a wider one (for peers trusted with all of it).
+  bool share_exposed_registrations = false;
 };
 
 /// Registration latency in power-of-two microsecond buckets: bucket 0 holds
@@ -57,6 +72,10 @@ struct RegistryStats {
   std::uint64_t cancelled = 0;
   std::uint64_t unconfirmed_unmaps = 0;
   std::uint64_t leaked_owned_buffers = 0;  ///< freed never: release unconfirmed
+  std::uint64_t cache_hits = 0;        ///< registrations that shared a cached one
+  std::uint64_t cache_misses = 0;      ///< registrations the cache could not serve
+  std::uint64_t cache_evictions = 0;   ///< idle cached registrations let go
+  std::uint64_t cache_idle_bytes = 0;  ///< charged to cached registrations with no guard
   LatencyHistogram registration_latency;
 };
 
@@ -115,6 +134,17 @@ class Registry {
         token, std::move(buffer), access);
   }
 
+  /// Ends caching of every registration overlapping `memory`: the idle ones
+  /// are deregistered now, the others once their guards go. Completes when
+  /// all of them are released, after which the memory may be freed or
+  /// reused. Without the cache there is nothing to invalidate.
+  template <asio::completion_token_for<void(Result<void>)> Token>
+  auto async_invalidate(std::span<const std::byte> memory, Token&& token) {
+    return asio::async_initiate<Token, void(Result<void>)>(
+        [core = core_](auto handler, std::span<const std::byte> m) { do_invalidate(core, m, std::move(handler)); },
+        token, memory);
+  }
+
   /// An arena (Arena) of at least `bytes`, rounded up to whole chunks of
   /// `config.max_slice`: memory the registry owns, registered once with
   /// `config.access` and charged to the budget once; its slices cost no
@@ -161,6 +191,8 @@ class Registry {
                           asio::any_completion_handler<void(Result<RegionGuard>)> handler);
   static void do_register_owned(const Core& core, OwnedBuffer buffer, Access access,
                                 asio::any_completion_handler<void(OwnedResult)> handler);
+  static void do_invalidate(const Core& core, std::span<const std::byte> memory,
+                            asio::any_completion_handler<void(Result<void>)> handler);
   static void do_make_arena(const Core& core, std::size_t bytes, ArenaConfig config,
                             asio::any_completion_handler<void(Result<Arena>)> handler);
   static void do_shutdown(const Core& core, std::chrono::steady_clock::duration deadline,

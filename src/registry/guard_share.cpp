@@ -53,4 +53,14 @@ std::shared_ptr<Latch> GuardShare::given_back() {
   return given_back_;
 }
 
+std::shared_ptr<Latch> GuardShare::memory_released() {
+  if (auto released = owner_->memory_released()) return released;
+  return given_back();
+}
+
+void GuardShare::deregister() {
+  owner_->deregistration_asked();
+  let_go();
+}
+
 }  // namespace corma::detail

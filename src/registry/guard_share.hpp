@@ -13,11 +13,17 @@
 
 namespace corma::detail {
 
-/// What a share's bytes go back to once nobody uses them.
+/// What a share's bytes go back to once nobody uses them: an arena, or a
+/// cached registration.
 class ShareOwner {
  public:
   virtual ~ShareOwner() = default;
   virtual void give_back(std::uint64_t offset, std::uint64_t len) noexcept = 0;
+  /// What a guard's deregistered() waits for; null: the share's own return
+  /// (an arena's slice, whose memory the arena keeps).
+  [[nodiscard]] virtual std::shared_ptr<Latch> memory_released() const { return nullptr; }
+  /// The guard's async_deregister: the holder wants its memory unregistered.
+  virtual void deregistration_asked() {}
 };
 
 class GuardShare {
@@ -41,6 +47,11 @@ class GuardShare {
 
   /// Set once the bytes are back with their owner (made on first asking).
   [[nodiscard]] std::shared_ptr<Latch> given_back();
+  /// What the guard's deregistered() resolves with: when its memory may be
+  /// freed or reused.
+  [[nodiscard]] std::shared_ptr<Latch> memory_released();
+  /// The guard's async_deregister: tells the owner, then lets go.
+  void deregister();
 
  private:
   /// Gives the bytes back (once: `returned_` was set under the lock) and

@@ -49,8 +49,8 @@ RegionGuard::~RegionGuard() { release(); }
 void RegionGuard::release() noexcept {
   if (!state_) return;
   if (share_) {
-    // A slice: back to its arena once its transfers are done; the
-    // registration is the arena's.
+    // A slice, or a cached registration's guard: its bytes go back once its
+    // transfers are done; the registration is its arena's or the cache's.
     try {
       share_->let_go();
     } catch (...) {
@@ -94,7 +94,7 @@ RemoteRegion RegionGuard::remote() const {
 
 DeregisteredEvent RegionGuard::deregistered() const {
   if (!state_) return DeregisteredEvent(nullptr);
-  return DeregisteredEvent(share_ ? share_->given_back() : state_->deregistered());
+  return DeregisteredEvent(share_ ? share_->memory_released() : state_->deregistered());
 }
 
 namespace {
@@ -226,10 +226,12 @@ void RegionGuard::do_deregister(const std::shared_ptr<detail::RegionState>& stat
                                 const std::shared_ptr<detail::GuardShare>& share,
                                 asio::any_completion_handler<void(Result<void>)> handler) {
   if (share) {
-    // A slice: let go, and answer once it is back in its arena.
-    auto given_back = share->given_back();
-    share->let_go();
-    return given_back->wait(std::move(handler));
+    // A slice or a cached registration's guard: let go, and answer once the
+    // memory may be freed or reused (a slice back in its arena; a cached
+    // registration, kept no longer, unmapped once its other guards went).
+    auto released = share->memory_released();
+    share->deregister();
+    return released->wait(std::move(handler));
   }
   auto completion = std::make_shared<VoidCompletion>(std::move(handler));
   if (!state) return completion->post(success());

@@ -19,14 +19,14 @@ Registry::Registry(Registry&&) noexcept = default;
 
 Registry& Registry::operator=(Registry&& other) noexcept {
   if (this != &other) {
-    if (core_) core_->abandon_unconfirmed();
+    if (core_) core_->registry_gone();
     core_ = std::move(other.core_);
   }
   return *this;
 }
 
 Registry::~Registry() {
-  if (core_) core_->abandon_unconfirmed();
+  if (core_) core_->registry_gone();
 }
 
 namespace {
@@ -72,6 +72,11 @@ void Registry::do_register_owned(const Core& core, OwnedBuffer buffer, Access ac
         OwnedRegistrationFailure{std::move(r).error(), std::move(b)})));
   });
   core->start_registration(memory, access, std::move(buffer), std::move(done));
+}
+
+void Registry::do_invalidate(const Core& core, std::span<const std::byte> memory,
+                             asio::any_completion_handler<void(Result<void>)> handler) {
+  core->invalidate(memory, std::move(handler));
 }
 
 void Registry::do_make_arena(const Core& core, std::size_t bytes, ArenaConfig config,

@@ -13,20 +13,43 @@ namespace {
 
 std::size_t system_page_size() { return static_cast<std::size_t>(::sysconf(_SC_PAGESIZE)); }
 
+std::unique_ptr<RegistrationCache> make_cache(const RegistryConfig& config) {
+  if (!config.cache_registrations) return nullptr;
+  const double share = std::clamp(config.cache_idle_share, 0.0, 1.0);
+  return std::make_unique<RegistrationCache>(
+      static_cast<std::uint64_t>(share * static_cast<double>(config.budget_bytes)), config.share_exposed_registrations);
+}
+
+/// Runs `then` once every latch in `latches` is set (or its wait ended).
+void after_all(const std::vector<std::shared_ptr<Latch>>& latches, UniqueFunction then) {
+  auto left = std::make_shared<std::atomic<std::size_t>>(latches.size());
+  auto shared_then = std::make_shared<UniqueFunction>(std::move(then));
+  for (const auto& latch : latches) {
+    latch->wait([left, shared_then](Result<void>) {
+      if (left->fetch_sub(1, std::memory_order_acq_rel) == 1) (*shared_then)();
+    });
+  }
+}
+
 }  // namespace
 
 struct RegistryCore::Registration {
   Completion<void(Result<RegionGuard>, OwnedBuffer)> completion;
-  std::span<std::byte> memory;
+  std::span<std::byte> memory;  ///< what is registered
+  Access access = Access::local;
   Budget::Reservation reservation;
   OwnedBuffer owned;
   std::chrono::steady_clock::time_point started;
+  /// Set when the registration goes into the cache: the bytes the caller
+  /// asked for, inside `memory`.
+  std::optional<std::span<std::byte>> cached;
 };
 
 RegistryCore::RegistryCore(std::shared_ptr<RdmaBackend> backend, RegistryConfig config)
     : backend_(std::move(backend)),
       page_size_(config.page_size != 0 ? config.page_size : system_page_size()),
-      budget_(std::make_shared<Budget>(config.budget_bytes)) {}
+      budget_(std::make_shared<Budget>(config.budget_bytes)),
+      cache_(make_cache(config)) {}
 
 std::uint64_t RegistryCore::charge_for(const void* ptr, std::size_t len) const noexcept {
   if (len == 0) return 0;
@@ -38,8 +61,13 @@ std::uint64_t RegistryCore::charge_for(const void* ptr, std::size_t len) const n
 
 void RegistryCore::start_registration(std::span<std::byte> memory, Access access,
                                       OwnedBuffer owned, RegistrationDone done) {
-  Registration reg{Completion<void(Result<RegionGuard>, OwnedBuffer)>(std::move(done)), memory,
-                   {}, std::move(owned), std::chrono::steady_clock::now()};
+  Registration reg{Completion<void(Result<RegionGuard>, OwnedBuffer)>(std::move(done)),
+                   memory,
+                   access,
+                   {},
+                   std::move(owned),
+                   std::chrono::steady_clock::now(),
+                   std::nullopt};
   auto refuse = [&](Error error) {
     counters_.record_failure(error);
     reg.completion.post(backend_->progress_executor(), std::move(error), std::move(reg.owned));
@@ -55,13 +83,44 @@ void RegistryCore::start_registration(std::span<std::byte> memory, Access access
     if (admitted) ++admitted_;
   }
   if (!admitted) return refuse(Error{errc::shutting_down, "registry is shutting down"});
-  auto reservation = budget_->reserve(charge_for(memory.data(), memory.size()));
+  if (cache_ && !reg.owned) {
+    if (auto shared = cache_->share(memory, access)) {
+      reg.completion.post(backend_->progress_executor(), std::move(*shared), OwnedBuffer{});
+      return admitted_done();
+    }
+    reg.cached = memory;
+    // A local registration covers its whole pages, so that later ones
+    // inside them share it; one exposed to peers covers exactly its bytes.
+    if (access == Access::local) {
+      const auto start = reinterpret_cast<std::uintptr_t>(memory.data());
+      const auto first = start / page_size_ * page_size_;
+      reg.memory = std::span<std::byte>(reinterpret_cast<std::byte*>(first),
+                                        static_cast<std::size_t>(charge_for(memory.data(), memory.size())));
+    }
+  }
+  reserve_and_map(std::move(reg), true);
+}
+
+void RegistryCore::reserve_and_map(Registration reg, bool may_evict) {
+  auto reservation = budget_->reserve(charge_for(reg.memory.data(), reg.memory.size()));
   if (!reservation) {
-    refuse(std::move(reservation).error());
+    std::vector<std::shared_ptr<Latch>> releasing;
+    if (may_evict && cache_) releasing = cache_->evict_idle(charge_for(reg.memory.data(), reg.memory.size()));
+    if (!releasing.empty()) {
+      // Once the evicted ones have given their bytes back, once more.
+      auto pending = std::make_shared<Registration>(std::move(reg));
+      return after_all(releasing, [self = shared_from_this(), pending] {
+        self->reserve_and_map(std::move(*pending), false);
+      });
+    }
+    counters_.record_failure(reservation.error());
+    reg.completion.post(backend_->progress_executor(), std::move(reservation).error(), std::move(reg.owned));
     return admitted_done();
   }
   reg.reservation = std::move(reservation).value();
 
+  const auto memory = reg.memory;
+  const auto access = reg.access;
   auto slot = reg.completion.cancellation_slot();
   backend_->async_map(
       memory.data(), memory.size(), access,
@@ -99,8 +158,11 @@ void RegistryCore::on_mapped(Registration reg, Result<BackendRegion> mapped) {
 
   RegistryCounters::bump(counters_.registrations);
   counters_.record_latency(std::chrono::steady_clock::now() - reg.started);
-  // An undelivered guard is destroyed with the handler, which deregisters it.
-  reg.completion.dispatch(RegionGuard(std::move(state)), OwnedBuffer{});
+  // An undelivered guard is destroyed with the handler, which deregisters it
+  // (or hands it back to the cache).
+  RegionGuard guard = reg.cached ? cache_->adopt(std::move(state), reg.access, *reg.cached)
+                                 : RegionGuard(std::move(state));
+  reg.completion.dispatch(std::move(guard), OwnedBuffer{});
   admitted_done();
 }
 
@@ -156,16 +218,27 @@ void RegistryCore::on_region_unconfirmed(const std::shared_ptr<RegionState>& reg
   unconfirmed_.emplace(region->generation(), region);
 }
 
-void RegistryCore::abandon_unconfirmed() {
+void RegistryCore::registry_gone() {
+  if (cache_) cache_->close();
   std::map<std::uint64_t, std::shared_ptr<RegionState>> dropped;
   std::lock_guard lock(mutex_);
   dropped.swap(unconfirmed_);
+}
+
+void RegistryCore::invalidate(std::span<const std::byte> memory,
+                              asio::any_completion_handler<void(Result<void>)> handler) {
+  auto completion = std::make_shared<Completion<void(Result<void>)>>(std::move(handler));
+  std::vector<std::shared_ptr<Latch>> releasing;
+  if (cache_) releasing = cache_->invalidate(memory);
+  if (releasing.empty()) return completion->post(backend_->progress_executor(), success());
+  after_all(releasing, [completion] { completion->dispatch(success()); });
 }
 
 void RegistryCore::start_shutdown(std::chrono::steady_clock::duration deadline,
                                   std::shared_ptr<asio::steady_timer> timer,
                                   asio::any_completion_handler<void(Result<void>)> handler) {
   Completion<void(Result<void>)> waiter(std::move(handler));
+  if (cache_) cache_->close();  // shared no more; the idle ones go now
   bool first = false;
   bool deregister = false;
   {
@@ -279,6 +352,13 @@ RegistryStats RegistryCore::stats() const {
   stats.budget_bytes = budget_->limit();
   stats.registered_bytes = budget_->committed();
   stats.reserved_bytes = budget_->reserved();
+  if (cache_) {
+    const auto cache = cache_->stats();
+    stats.cache_hits = cache.hits;
+    stats.cache_misses = cache.misses;
+    stats.cache_evictions = cache.evictions;
+    stats.cache_idle_bytes = cache.idle_bytes;
+  }
   return stats;
 }
 

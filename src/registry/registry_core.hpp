@@ -5,6 +5,7 @@
 
 #include "budget.hpp"
 #include "region_state.hpp"
+#include "registration_cache.hpp"
 #include "registry_counters.hpp"
 
 #include <corma/detail/completion.hpp>
@@ -38,9 +39,13 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
                       std::shared_ptr<asio::steady_timer> timer,
                       asio::any_completion_handler<void(Result<void>)> handler);
 
-  /// Drops the registry's strong hold on unconfirmed regions (Registry
-  /// destroyed without a shutdown): they can no longer be confirmed.
-  void abandon_unconfirmed();
+  /// Ends caching of what overlaps `memory`; answers once all of it is released.
+  void invalidate(std::span<const std::byte> memory, asio::any_completion_handler<void(Result<void>)> handler);
+
+  /// The Registry object went without a shutdown: drops the strong hold on
+  /// unconfirmed regions (they can no longer be confirmed) and closes the
+  /// cache (its idle registrations are deregistered).
+  void registry_gone();
 
   [[nodiscard]] RegistryStats stats() const;
   [[nodiscard]] std::uint64_t charge_for(const void* ptr, std::size_t len) const noexcept;
@@ -54,6 +59,9 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
  private:
   struct Registration;
 
+  /// Reserves the budget (first taking idle cached registrations back if
+  /// `may_evict` and it has no room) and maps.
+  void reserve_and_map(Registration registration, bool may_evict);
   void on_mapped(Registration registration, Result<BackendRegion> mapped);
   void roll_back(Registration registration, const std::shared_ptr<RegionState>& region);
   void admitted_done();
@@ -66,6 +74,7 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
   const std::shared_ptr<RdmaBackend> backend_;
   const std::size_t page_size_;
   const std::shared_ptr<Budget> budget_;
+  const std::unique_ptr<RegistrationCache> cache_;  // null unless config.cache_registrations
   RegistryCounters counters_;
 
   mutable std::mutex mutex_;

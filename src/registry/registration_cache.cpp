@@ -1,0 +1,207 @@
+#include "registration_cache.hpp"
+
+#include <algorithm>
+#include <utility>
+
+namespace corma::detail {
+
+/// One cached registration: the guards sharing it are its shares.
+class RegistrationCache::Entry final : public ShareOwner, public std::enable_shared_from_this<Entry> {
+ public:
+  Entry(RegistrationCache& owner, std::shared_ptr<RegionState> registration, Access registered) noexcept
+      : cache(owner), state(std::move(registration)), access(registered) {}
+
+  void give_back(std::uint64_t /*offset*/, std::uint64_t /*len*/) noexcept override {
+    cache.on_returned(shared_from_this());
+  }
+  [[nodiscard]] std::shared_ptr<Latch> memory_released() const override { return state->deregistered(); }
+  void deregistration_asked() override { cache.on_deregister_asked(shared_from_this()); }
+
+  [[nodiscard]] std::uintptr_t start() const noexcept {
+    return reinterpret_cast<std::uintptr_t>(state->memory().data());
+  }
+  [[nodiscard]] std::uintptr_t end() const noexcept { return start() + state->memory().size(); }
+
+  // The state keeps the registry core, and with it the cache, alive.
+  RegistrationCache& cache;
+  const std::shared_ptr<RegionState> state;
+  const Access access;
+  // Under the cache's lock:
+  std::uint64_t guards = 0;
+  bool in_cache = true;         ///< shared and kept idle; false once removed
+  bool keep_when_idle = true;   ///< false once a guard asked for deregistration
+  std::optional<Lru::iterator> idle;
+};
+
+namespace {
+
+bool covers(Access registered, Access wanted) {
+  const auto have = static_cast<unsigned>(registered);
+  const auto want = static_cast<unsigned>(wanted);
+  return (have & want) == want;
+}
+
+void deregister_all(const std::vector<std::shared_ptr<RegionState>>& going) {
+  for (const auto& state : going) state->request_deregistration({});
+}
+
+}  // namespace
+
+std::optional<RegionGuard> RegistrationCache::share(std::span<std::byte> memory, Access access) {
+  const auto first = reinterpret_cast<std::uintptr_t>(memory.data());
+  const auto last = first + memory.size();
+  std::lock_guard lock(mutex_);
+  if (closed_) return std::nullopt;
+  // Registrations starting at most `largest_` bytes before the range.
+  auto it = by_start_.lower_bound(first >= largest_ ? first - largest_ : 0);
+  for (; it != by_start_.end() && it->first <= first; ++it) {
+    const auto& entry = it->second;
+    if (entry->end() < last || !covers(entry->access, access)) continue;
+    // A peer with the key reaches the whole registration.
+    const bool exact = entry->start() == first && entry->end() == last;
+    if (access != Access::local && !exact && !share_exposed_) continue;
+    if (entry->idle) {
+      stats_.idle_bytes -= entry->state->charged();
+      idle_.erase(*entry->idle);
+      entry->idle.reset();
+    }
+    ++entry->guards;
+    ++stats_.hits;
+    return guard_for(entry, memory);
+  }
+  ++stats_.misses;
+  return std::nullopt;
+}
+
+RegionGuard RegistrationCache::adopt(std::shared_ptr<RegionState> state, Access access,
+                                     std::span<std::byte> memory) {
+  auto entry = std::make_shared<Entry>(*this, std::move(state), access);
+  entry->guards = 1;
+  std::lock_guard lock(mutex_);
+  if (closed_) {
+    entry->in_cache = false;
+  } else {
+    by_start_.emplace(entry->start(), entry);
+    largest_ = std::max<std::uint64_t>(largest_, entry->state->memory().size());
+    ++stats_.entries;
+  }
+  return guard_for(entry, memory);
+}
+
+RegionGuard RegistrationCache::guard_for(const std::shared_ptr<Entry>& entry, std::span<std::byte> memory) {
+  const auto offset = static_cast<std::uint64_t>(memory.data() - entry->state->memory().data());
+  return RegionGuard(entry->state,
+                     std::make_shared<GuardShare>(entry, entry->state->backend(), offset, memory.size()));
+}
+
+void RegistrationCache::on_returned(const std::shared_ptr<Entry>& entry) {
+  std::vector<std::shared_ptr<RegionState>> going;
+  {
+    std::lock_guard lock(mutex_);
+    if (--entry->guards != 0) return;
+    if (!entry->in_cache || !entry->keep_when_idle) {
+      if (entry->in_cache) remove_locked(entry);
+      going.push_back(entry->state);
+    } else {
+      entry->idle = idle_.insert(idle_.end(), entry);
+      stats_.idle_bytes += entry->state->charged();
+      trim_locked(going);
+    }
+  }
+  deregister_all(going);
+}
+
+void RegistrationCache::on_deregister_asked(const std::shared_ptr<Entry>& entry) {
+  std::lock_guard lock(mutex_);
+  entry->keep_when_idle = false;  // its last guard's return deregisters it
+}
+
+void RegistrationCache::remove_locked(const std::shared_ptr<Entry>& entry) {
+  auto [first, last] = by_start_.equal_range(entry->start());
+  for (auto it = first; it != last; ++it) {
+    if (it->second == entry) {
+      by_start_.erase(it);
+      break;
+    }
+  }
+  if (entry->idle) {
+    stats_.idle_bytes -= entry->state->charged();
+    idle_.erase(*entry->idle);
+    entry->idle.reset();
+  }
+  entry->in_cache = false;
+  --stats_.entries;
+}
+
+void RegistrationCache::trim_locked(std::vector<std::shared_ptr<RegionState>>& going) {
+  while (stats_.idle_bytes > idle_limit_ && !idle_.empty()) {
+    auto oldest = idle_.front();
+    remove_locked(oldest);
+    going.push_back(oldest->state);
+    ++stats_.evictions;
+  }
+}
+
+std::vector<std::shared_ptr<Latch>> RegistrationCache::evict_idle(std::uint64_t bytes) {
+  std::vector<std::shared_ptr<RegionState>> going;
+  std::vector<std::shared_ptr<Latch>> released;
+  {
+    std::lock_guard lock(mutex_);
+    std::uint64_t freed = 0;
+    while (freed < bytes && !idle_.empty()) {
+      auto oldest = idle_.front();
+      freed += oldest->state->charged();
+      remove_locked(oldest);
+      released.push_back(oldest->state->deregistered());
+      going.push_back(oldest->state);
+      ++stats_.evictions;
+    }
+  }
+  deregister_all(going);
+  return released;
+}
+
+std::vector<std::shared_ptr<Latch>> RegistrationCache::invalidate(std::span<const std::byte> memory) {
+  const auto first = reinterpret_cast<std::uintptr_t>(memory.data());
+  const auto last = first + memory.size();
+  std::vector<std::shared_ptr<RegionState>> going;
+  std::vector<std::shared_ptr<Latch>> released;
+  {
+    std::lock_guard lock(mutex_);
+    std::vector<std::shared_ptr<Entry>> overlapping;
+    auto it = by_start_.lower_bound(first >= largest_ ? first - largest_ : 0);
+    for (; it != by_start_.end() && it->first < last; ++it) {
+      if (it->second->end() > first) overlapping.push_back(it->second);
+    }
+    for (const auto& entry : overlapping) {
+      // Idle: deregistered now; in use: once its last guard goes.
+      if (entry->idle) going.push_back(entry->state);
+      remove_locked(entry);
+      released.push_back(entry->state->deregistered());
+    }
+  }
+  deregister_all(going);
+  return released;
+}
+
+void RegistrationCache::close() {
+  std::vector<std::shared_ptr<RegionState>> going;
+  {
+    std::lock_guard lock(mutex_);
+    closed_ = true;
+    std::vector<std::shared_ptr<Entry>> all;
+    for (auto& [start, entry] : by_start_) all.push_back(entry);
+    for (const auto& entry : all) {
+      if (entry->idle) going.push_back(entry->state);
+      remove_locked(entry);
+    }
+  }
+  deregister_all(going);
+}
+
+RegistrationCache::Stats RegistrationCache::stats() const {
+  std::lock_guard lock(mutex_);
+  return stats_;
+}
+
+}  // namespace corma::detail
