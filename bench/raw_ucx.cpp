@@ -189,4 +189,18 @@ double raw_batches(RawWorker& worker, ucp_ep_h ep, std::byte* local, std::uint64
   return std::chrono::duration<double>(clock::now() - start).count();
 }
 
+double raw_map_unmap_us(RawWorker& worker, void* address, std::size_t size, int ops) {
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < ops; ++i) {
+    ucp_mem_map_params_t params{};
+    params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    params.address = address;
+    params.length = size;
+    ucp_mem_h memh = nullptr;
+    if (ucp_mem_map(worker.context(), &params, &memh) != UCS_OK) throw std::runtime_error("ucp_mem_map");
+    ucp_mem_unmap(worker.context(), memh);
+  }
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / ops;
+}
+
 }  // namespace corma::bench

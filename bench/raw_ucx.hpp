@@ -56,6 +56,10 @@ struct RawRegion {
 };
 
 /// The UCX transports raw UCX uses for a corma transport name ("tcp", "shm").
+/// Mean microseconds of `ops` ucp_mem_map and ucp_mem_unmap pairs of
+/// [address, address + size) on `worker`'s context.
+double raw_map_unmap_us(RawWorker& worker, void* address, std::size_t size, int ops);
+
 inline std::string raw_tls(const std::string& transport) { return transport == "tcp" ? "tcp" : "sm"; }
 
 /// An initiator and a target worker connected over `transport`, with

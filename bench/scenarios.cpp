@@ -5,6 +5,7 @@
 #include "bench_support.hpp"
 #include "fetch_many.hpp"
 #include "parallel_fetch.hpp"
+#include "registration_reuse.hpp"
 #include "file_fetch.hpp"
 #include "owner_names.hpp"
 #include "raw_ucx.hpp"
@@ -326,17 +327,7 @@ Measurement registration(const Options& options, const std::string& transport, s
     done.get_future().get();
     m.corma.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - start).count() / ops);
 
-    const auto raw_start = clock_type::now();
-    for (int i = 0; i < ops; ++i) {
-      ucp_mem_map_params_t params{};
-      params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
-      params.address = memory.data();
-      params.length = size;
-      ucp_mem_h memh = nullptr;
-      if (ucp_mem_map(raw.context(), &params, &memh) != UCS_OK) throw std::runtime_error("ucp_mem_map");
-      ucp_mem_unmap(raw.context(), memh);
-    }
-    m.raw.push_back(std::chrono::duration<double, std::micro>(clock_type::now() - raw_start).count() / ops);
+    m.raw.push_back(raw_map_unmap_us(raw, memory.data(), size, ops));
   }
   m.target = "median <= raw + 3 us";
   m.target_met = m.corma_median() <= m.raw_median() + 3.0;
@@ -514,7 +505,9 @@ std::vector<Measurement> run_scenarios(const Options& options) {
     std::fprintf(stderr, "transport %s\n", transport.c_str());
     if (selected(options, "registration")) {
       for (auto size : {4 * KiB, 1 * MiB, 64 * MiB}) keep(registration(options, transport, size));
+      keep(cached_registration(options, transport));
     }
+    if (selected(options, "arena_allocate")) keep(arena_allocate(options, transport));
     const bool transfers = selected(options, "get_bandwidth") || selected(options, "get_latency") ||
                            selected(options, "small_get_rate") || selected(options, "get_batch") ||
                            selected(options, "put_batch");

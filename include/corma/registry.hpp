@@ -134,6 +134,13 @@ class Registry {
         token, std::move(buffer), access);
   }
 
+  /// The cache's answer alone, at once, on this thread: a guard for
+  /// `memory` sharing a cached registration that covers it (the rules of
+  /// async_register), or `region_not_found` when none does (register it
+  /// with async_register), `not_configured` without the cache,
+  /// `out_of_range` for a bad range, `shutting_down` once shutdown began.
+  [[nodiscard]] Result<RegionGuard> find_cached(std::span<std::byte> memory, Access access);
+
   /// Ends caching of every registration overlapping `memory`: the idle ones
   /// are deregistered now, the others once their guards go. Completes when
   /// all of them are released, after which the memory may be freed or

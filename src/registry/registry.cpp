@@ -102,6 +102,10 @@ void Registry::do_shutdown(const Core& core, std::chrono::steady_clock::duration
   core->start_shutdown(deadline, std::move(timer), std::move(handler));
 }
 
+Result<RegionGuard> Registry::find_cached(std::span<std::byte> memory, Access access) {
+  return core_->find_cached(memory, access);
+}
+
 RegistryStats Registry::stats() const { return core_->stats(); }
 
 std::uint64_t Registry::charge_for(const void* ptr, std::size_t len) const noexcept {

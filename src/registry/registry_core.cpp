@@ -101,6 +101,17 @@ void RegistryCore::start_registration(std::span<std::byte> memory, Access access
   reserve_and_map(std::move(reg), true);
 }
 
+Result<RegionGuard> RegistryCore::find_cached(std::span<std::byte> memory, Access access) {
+  if (!cache_) return fail(errc::not_configured, "the registry's cache is off (RegistryConfig::cache_registrations)");
+  CORMA_TRY(validate_range(memory.data(), memory.size()));
+  {
+    std::lock_guard lock(mutex_);
+    if (closed_) return fail(errc::shutting_down, "registry is shutting down");
+  }
+  if (auto shared = cache_->share(memory, access)) return std::move(*shared);
+  return fail(errc::region_not_found, "no cached registration covers these bytes");
+}
+
 void RegistryCore::reserve_and_map(Registration reg, bool may_evict) {
   auto reservation = budget_->reserve(charge_for(reg.memory.data(), reg.memory.size()));
   if (!reservation) {

@@ -39,6 +39,7 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
                       std::shared_ptr<asio::steady_timer> timer,
                       asio::any_completion_handler<void(Result<void>)> handler);
 
+  [[nodiscard]] Result<RegionGuard> find_cached(std::span<std::byte> memory, Access access);
   /// Ends caching of what overlaps `memory`; answers once all of it is released.
   void invalidate(std::span<const std::byte> memory, asio::any_completion_handler<void(Result<void>)> handler);
 
