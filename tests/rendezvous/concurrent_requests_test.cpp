@@ -237,3 +237,29 @@ TEST_F(Rendezvous, AClientCannotHaveMoreRequestsWorkedOnThanTheOwnerAllows) {
 }
 
 }  // namespace
+
+TEST_F(Rendezvous, WithTheOwnersRegistrationsCachedAGrantsKeyStillReachesOnlyItsObject) {
+  owner_registry_config.cache_registrations = true;
+  start_owner();
+  // An object inside another, both above the RDMA threshold.
+  const std::span<const std::byte> inner(big.data() + 4096, 100 * 1024);
+  owner->publish("inner", corma::PublishedObject{inner, nullptr});
+  corma::testing::run(io, [&]() -> asio::awaitable<void> {
+    auto [client, peer] = co_await rdma_raw_client();
+    auto descriptor_of = [&](const char* name) -> asio::awaitable<corma::RemoteRegion> {
+      auto acquire = message(rv::Acquire{name, true});
+      auto granted = co_await client.ask(std::move(acquire));
+      auto* grant = granted ? std::get_if<rv::RdmaGrant>(&granted.value()) : nullptr;
+      if (grant == nullptr) throw std::runtime_error(std::string("no grant for ") + name);
+      co_return corma::decode_descriptor(grant->descriptor).value();
+    };
+    const auto whole = co_await descriptor_of("big");
+    const auto part = co_await descriptor_of("inner");
+    EXPECT_EQ(part.addr, reinterpret_cast<std::uint64_t>(inner.data()));
+    EXPECT_EQ(part.len, inner.size());
+    EXPECT_NE(part.packed_key, whole.packed_key) << "the key granted for inner reaches all of big";
+    (void)co_await consumer_backend->async_peer_close(peer, asio::use_awaitable);
+  }());
+  EXPECT_EQ(owner_registry->stats().registrations, 2U);
+  EXPECT_EQ(owner_registry->stats().cache_hits, 0U);
+}

@@ -50,9 +50,13 @@ class Rendezvous : public ::testing::Test {
   asio::ip::tcp::acceptor acceptor{io, asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0)};
   std::vector<std::byte> big = pattern(1 << 20, 1);
   std::vector<std::byte> small = pattern(1000, 2);
+  /// The owner registry's settings but its budget (start_owner's).
+  corma::RegistryConfig owner_registry_config;
 
   void start_owner(std::uint64_t budget = 64 << 20, corma::OwnerConfig config = {}) {
-    owner_registry = std::make_shared<Registry>(owner_backend, corma::RegistryConfig{budget, 0});
+    auto registry_config = owner_registry_config;
+    registry_config.budget_bytes = budget;
+    owner_registry = std::make_shared<Registry>(owner_backend, registry_config);
     owner = std::make_unique<Owner>(io.get_executor(), owner_registry, config);
     owner->publish("big", corma::PublishedObject{big, nullptr});
     owner->publish("small", corma::PublishedObject{small, nullptr});
