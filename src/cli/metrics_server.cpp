@@ -128,6 +128,17 @@ OwnerMetrics::OwnerMetrics(bool with_registry) {
   registry_counter(counter("corma_registry_leaked_owned_buffers_total",
                            "Registry-owned buffers never freed because their release was not confirmed."),
                    {}, &RegistryStats::leaked_owned_buffers);
+  registry_counter(counter("corma_registry_cache_hits_total",
+                           "Registrations served by sharing a cached registration (no backend call)."),
+                   {}, &RegistryStats::cache_hits);
+  registry_counter(counter("corma_registry_cache_misses_total",
+                           "Registrations the registration cache could not serve (cache on only)."),
+                   {}, &RegistryStats::cache_misses);
+  registry_counter(counter("corma_registry_cache_evictions_total",
+                           "Idle cached registrations deregistered to stay in their share or make room."),
+                   {}, &RegistryStats::cache_evictions);
+  registry_gauge("corma_registry_cache_idle_bytes", "Bytes charged to cached registrations no guard uses.",
+                 &RegistryStats::cache_idle_bytes);
   latency_ = &prometheus::BuildHistogram()
                   .Name("corma_registration_latency_seconds")
                   .Help("Time each successful registration took, from the request to the registered region.")

@@ -207,6 +207,10 @@ TEST(Metrics, EveryFamilyHasHelpAndItsUnitInTheName) {
       {"corma_registry_failed_registrations_total", "counter"},
       {"corma_registry_unconfirmed_unmaps_total", "counter"},
       {"corma_registry_leaked_owned_buffers_total", "counter"},
+      {"corma_registry_cache_hits_total", "counter"},
+      {"corma_registry_cache_misses_total", "counter"},
+      {"corma_registry_cache_evictions_total", "counter"},
+      {"corma_registry_cache_idle_bytes", "gauge"},
       {"corma_registration_latency_seconds", "histogram"},
   };
   const auto families = families_of(text);

@@ -9,7 +9,10 @@
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/cancellation_signal.hpp>
 
+#include <atomic>
+#include <random>
 #include <set>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -195,6 +198,41 @@ TEST_F(ArenaTest, DroppingTheArenaAnswersItsWaitersAndItsRegistrationOutlivesIts
   ASSERT_TRUE(registry.async_shutdown(std::chrono::seconds(5), asio::use_future).get());
   EXPECT_EQ(backend->live_registrations(), 0u);
   EXPECT_EQ(registry.stats().registered_bytes, 0u);
+}
+
+TEST_F(ArenaTest, ThreadsTakingAndGivingBackSlicesNeverShareBytes) {
+  auto registry = make_registry(1 << 20);
+  auto arena = make_arena(registry, 4 * 65536, ArenaConfig{.min_slice = 256, .max_slice = 65536});
+  std::atomic<bool> overlap{false};
+  std::atomic<std::uint64_t> refused{0};
+  auto worker = [&](unsigned seed) {
+    std::mt19937 rng(seed);
+    std::vector<RegionGuard> held;
+    for (int i = 0; i < 2000; ++i) {
+      const std::size_t size = 1 + rng() % 4096;
+      auto slice = arena.allocate(size);
+      if (!slice) {
+        ++refused;
+      } else {
+        // Stamp it, and check the stamp is still whole when it goes back.
+        std::fill_n(slice.value().data(), size, std::byte{static_cast<unsigned char>(seed)});
+        held.push_back(std::move(slice).value());
+      }
+      if (held.size() > 8 || (!held.empty() && rng() % 2 == 0)) {
+        const auto& last = held.back();
+        for (std::byte b : last.bytes()) {
+          if (b != std::byte{static_cast<unsigned char>(seed)}) overlap = true;
+        }
+        held.pop_back();
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (unsigned t = 1; t <= 4; ++t) threads.emplace_back(worker, t);
+  for (auto& t : threads) t.join();
+  EXPECT_FALSE(overlap) << "two threads held the same bytes";
+  EXPECT_EQ(arena.stats().slices, 0u);
+  EXPECT_EQ(arena.stats().allocated_bytes, 0u);
 }
 
 }  // namespace

@@ -5,6 +5,9 @@
 // invalidation, explicit deregistration and shutdown end caching.
 #include "support/registry_fixture.hpp"
 
+#include <atomic>
+#include <random>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -180,6 +183,36 @@ TEST_F(RegistrationCacheTest, ARegistryDestroyedWithIdleEntriesDeregistersThem) 
   }
   ASSERT_TRUE(wait_released(events[0]));
   EXPECT_EQ(backend->live_registrations(), 0u);
+}
+
+TEST_F(RegistrationCacheTest, ThreadsRegisteringOverlappingBytesNeverOvershootAndLeaveNothingBehind) {
+  auto registry = make_cached(8, 0.5);
+  std::atomic<bool> overshoot{false};
+  auto worker = [&](unsigned seed) {
+    std::mt19937 rng(seed);
+    std::vector<RegionGuard> held;
+    for (int i = 0; i < 300; ++i) {
+      const std::size_t first = rng() % 30;
+      const auto range = pages(first, 1 + rng() % 2).subspan(rng() % 100, 200);
+      auto guard = register_now(registry, range, Access::local);
+      if (guard) {
+        EXPECT_EQ(guard.value().data(), range.data());
+        held.push_back(std::move(guard).value());
+      } else {
+        EXPECT_TRUE(guard.error().is(errc::budget_exceeded)) << guard.error().message();
+      }
+      if (registry.stats().registered_bytes > 8 * page_size()) overshoot = true;
+      if (held.size() > 2 || rng() % 2 == 0) held.clear();
+    }
+  };
+  std::vector<std::thread> threads;
+  for (unsigned t = 1; t <= 4; ++t) threads.emplace_back(worker, t);
+  for (auto& t : threads) t.join();
+  EXPECT_FALSE(overshoot);
+  EXPECT_GT(registry.stats().cache_hits, 0u);
+  ASSERT_TRUE(registry.async_shutdown(std::chrono::seconds(5), asio::use_future).get());
+  EXPECT_EQ(backend->live_registrations(), 0u);
+  EXPECT_EQ(registry.stats().registered_bytes, 0u);
 }
 
 }  // namespace
