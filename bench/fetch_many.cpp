@@ -10,7 +10,6 @@ namespace asio = boost::asio;
 namespace {
 
 constexpr std::size_t object_count = 1000;
-constexpr std::size_t object_size = 64 * KiB;
 
 std::string object_name(std::size_t i) { return "kv/block-" + std::to_string(i); }
 
@@ -27,19 +26,38 @@ double fetch_sets(asio::io_context& io, Consumer& consumer, const std::vector<st
 
 }  // namespace
 
-Measurement fetch_many_objects(const Options& options, const std::string& transport) {
-  Measurement m{"fetch_many", transport, "objects=1000 size=64KiB warm", "GB/s", true, {}, {}, {}, true};
-  constexpr std::size_t total = object_count * object_size;
-  ObjectService service(transport, object_count, object_size, object_name);
+Measurement fetch_many_objects(const Options& options, const std::string& transport, std::size_t object_size,
+                               bool into_arena) {
+  Measurement m{"fetch_many", transport,
+                "objects=1000 size=" + size_name(object_size) + " warm" + (into_arena ? " arena" : ""), "GB/s", true,
+                {}, {}, {}, true};
+  const std::size_t total = object_count * object_size;
+  OwnerConfig config;
+  config.rdma_threshold = std::min<std::uint64_t>(config.rdma_threshold, object_size);  // every object by RDMA
+  ObjectService service(transport, object_count, object_size, object_name, config);
   auto& io = service.io;
   const auto& names = service.names;
   auto consumer = service.connect();
+  // The landing: slices of an arena, or one region kept registered.
   auto landing = OwnedBuffer::allocate(total);
-  auto destination = must(
-      service.consumer_registry()->async_register(landing.bytes(), Access::local, asio::use_future).get(),
-      "destination");
+  Arena arena;
+  std::vector<RegionGuard> destinations;
   std::vector<FetchSlot> slots;
-  for (std::size_t i = 0; i < object_count; ++i) slots.push_back(FetchSlot{&destination, i * object_size, object_size});
+  destinations.reserve(into_arena ? object_count : 1);
+  if (into_arena) {
+    arena = must(service.consumer_registry()->async_make_arena(total, ArenaConfig{}, asio::use_future).get(), "arena");
+    for (std::size_t i = 0; i < object_count; ++i) {
+      destinations.push_back(must(arena.allocate(object_size), "slice"));
+      slots.push_back(FetchSlot{&destinations.back(), 0, object_size});
+    }
+  } else {
+    destinations.push_back(must(
+        service.consumer_registry()->async_register(landing.bytes(), Access::local, asio::use_future).get(),
+        "destination"));
+    for (std::size_t i = 0; i < object_count; ++i) {
+      slots.push_back(FetchSlot{&destinations.back(), i * object_size, object_size});
+    }
+  }
 
   RawPair raw(transport, service.objects(), total);
   auto raw_landing = OwnedBuffer::allocate(total);
@@ -53,11 +71,12 @@ Measurement fetch_many_objects(const Options& options, const std::string& transp
                     raw.rkey, object_size, object_count, sets, false);
     m.raw.push_back(static_cast<double>(total * sets) / raw_seconds / 1e9);
   }
-  m.target = "ratio >= 0.80";
-  m.target_met = m.ratio() >= 0.80;
+  const double floor = into_arena ? 0.70 : 0.80;
+  m.target = "ratio >= " + std::to_string(floor).substr(0, 4);
+  m.target_met = m.ratio() >= floor;
 
   consumer.reset();
-  destination = RegionGuard{};
+  destinations.clear();
   return m;
 }
 

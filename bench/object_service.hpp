@@ -24,16 +24,17 @@
 namespace corma::bench {
 
 /// `count` objects of `size` bytes named `name(i)`, published by an owner
-/// over `transport` (exports kept registered: the default limits), on an
+/// over `transport` (exports kept registered: `config`'s default), on an
 /// io_context thread of its own; consumers get a registry of their own.
 class ObjectService {
  public:
   template <class Name>
-  ObjectService(const std::string& transport, std::size_t count, std::size_t size, Name name)
+  ObjectService(const std::string& transport, std::size_t count, std::size_t size, Name name,
+                OwnerConfig config = {})
       : objects_(OwnedBuffer::allocate(count * size)),
         owner_registry_(ucx_registry(transport, "owner backend")),
         consumer_registry_(ucx_registry(transport, "consumer backend")),
-        owner_(io.get_executor(), owner_registry_) {
+        owner_(io.get_executor(), owner_registry_, config) {
     std::memset(objects_.data(), 7, count * size);
     for (std::size_t i = 0; i < count; ++i) {
       names.push_back(name(i));

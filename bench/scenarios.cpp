@@ -544,7 +544,10 @@ std::vector<Measurement> run_scenarios(const Options& options) {
     }
   }
   if (selected(options, "fetch_many")) {
-    for (const auto& transport : options.transports) keep(fetch_many_objects(options, transport));
+    for (const auto& transport : options.transports) {
+      keep(fetch_many_objects(options, transport, 64 * KiB, false));
+      keep(fetch_many_objects(options, transport, 4 * KiB, true));
+    }
   }
   if (selected(options, "parallel_fetch")) {
     for (const auto& transport : options.transports) keep(parallel_fetch(options, transport));
