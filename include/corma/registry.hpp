@@ -76,6 +76,10 @@ struct RegistryStats {
   std::uint64_t cache_misses = 0;      ///< registrations the cache could not serve
   std::uint64_t cache_evictions = 0;   ///< idle cached registrations let go
   std::uint64_t cache_idle_bytes = 0;  ///< charged to cached registrations with no guard
+  std::uint64_t arenas = 0;                 ///< arenas whose registration is live
+  std::uint64_t arena_capacity_bytes = 0;   ///< their memory
+  std::uint64_t arena_allocated_bytes = 0;  ///< in slices handed out (by class size)
+  std::uint64_t arena_slices = 0;           ///< slices handed out and not yet back
   LatencyHistogram registration_latency;
 };
 

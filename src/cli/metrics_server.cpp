@@ -139,6 +139,13 @@ OwnerMetrics::OwnerMetrics(bool with_registry) {
                    {}, &RegistryStats::cache_evictions);
   registry_gauge("corma_registry_cache_idle_bytes", "Bytes charged to cached registrations no guard uses.",
                  &RegistryStats::cache_idle_bytes);
+  registry_gauge("corma_registry_arenas", "Arenas whose registration is live.", &RegistryStats::arenas);
+  registry_gauge("corma_registry_arena_capacity_bytes", "Memory of the live arenas.",
+                 &RegistryStats::arena_capacity_bytes);
+  registry_gauge("corma_registry_arena_allocated_bytes", "Bytes of arena slices handed out, by their class's size.",
+                 &RegistryStats::arena_allocated_bytes);
+  registry_gauge("corma_registry_arena_slices", "Arena slices handed out and not yet back.",
+                 &RegistryStats::arena_slices);
   latency_ = &prometheus::BuildHistogram()
                   .Name("corma_registration_latency_seconds")
                   .Help("Time each successful registration took, from the request to the registered region.")

@@ -27,11 +27,20 @@ Result<std::uint64_t> ArenaCore::capacity_for(std::size_t bytes, const ArenaConf
 
 ArenaCore::ArenaCore(RegionGuard whole, ArenaConfig config)
     : whole_(std::move(whole)),
+      counters_(whole_.state_->counters()),
       config_(config),
       capacity_(whole_.size() / config.max_slice * config.max_slice),
       backend_(whole_.state_->backend()),
       free_(static_cast<std::size_t>(std::countr_zero(config.max_slice) - std::countr_zero(config.min_slice)) + 1) {
   stats_.capacity_bytes = capacity_;
+  RegistryCounters::bump(counters_.arenas);
+  counters_.arena_capacity_bytes.fetch_add(capacity_, std::memory_order_relaxed);
+}
+
+ArenaCore::~ArenaCore() {
+  // Every slice is back: slices hold the core.
+  counters_.arenas.fetch_sub(1, std::memory_order_relaxed);
+  counters_.arena_capacity_bytes.fetch_sub(capacity_, std::memory_order_relaxed);
 }
 
 Result<std::size_t> ArenaCore::class_of(std::size_t bytes) const {
@@ -63,7 +72,18 @@ std::optional<std::uint64_t> ArenaCore::take_locked(std::size_t cls) {
   ++stats_.slices;
   ++stats_.allocations;
   stats_.allocated_bytes += config_.min_slice << cls;
+  RegistryCounters::bump(counters_.arena_slices);
+  counters_.arena_allocated_bytes.fetch_add(config_.min_slice << cls, std::memory_order_relaxed);
   return offset;
+}
+
+void ArenaCore::put_back_locked(std::size_t cls, std::uint64_t offset) {
+  free_[cls].push_back(offset);
+  const std::uint64_t size = config_.min_slice << cls;
+  --stats_.slices;
+  stats_.allocated_bytes -= size;
+  counters_.arena_slices.fetch_sub(1, std::memory_order_relaxed);
+  counters_.arena_allocated_bytes.fetch_sub(size, std::memory_order_relaxed);
 }
 
 RegionGuard ArenaCore::slice_at(std::uint64_t offset, std::size_t bytes) {
@@ -126,9 +146,7 @@ void ArenaCore::give_back(std::uint64_t offset, std::uint64_t len) noexcept {
   std::vector<std::pair<Completion<void(Result<RegionGuard>)>, RegionGuard>> served;
   {
     std::lock_guard lock(mutex_);
-    free_[cls].push_back(offset);
-    --stats_.slices;
-    stats_.allocated_bytes -= config_.min_slice << cls;
+    put_back_locked(cls, offset);
     // Waiters in arrival order, each served if its class has room now.
     for (auto it = waiters_.begin(); it != waiters_.end();) {
       auto wanted = class_of(it->second.bytes).value();
@@ -141,9 +159,7 @@ void ArenaCore::give_back(std::uint64_t offset, std::uint64_t len) noexcept {
         served.emplace_back(std::move(it->second.completion), slice_at(*taken, it->second.bytes));
       } catch (...) {
         // Out of memory making the slice: it goes back and the waiter waits on.
-        free_[wanted].push_back(*taken);
-        --stats_.slices;
-        stats_.allocated_bytes -= config_.min_slice << wanted;
+        put_back_locked(wanted, *taken);
         break;
       }
       it = waiters_.erase(it);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "guard_share.hpp"
+#include "registry_counters.hpp"
 
 #include <corma/arena.hpp>
 #include <corma/detail/completion.hpp>
@@ -23,6 +24,9 @@ class ArenaCore final : public ShareOwner, public std::enable_shared_from_this<A
 
   /// `whole`: the arena's registration, a whole number of `config.max_slice` chunks.
   ArenaCore(RegionGuard whole, ArenaConfig config);
+  ~ArenaCore() override;
+  ArenaCore(const ArenaCore&) = delete;
+  ArenaCore& operator=(const ArenaCore&) = delete;
 
   /// Whether `config` can cut an arena of `bytes`; the bytes to register (whole chunks).
   [[nodiscard]] static Result<std::uint64_t> capacity_for(std::size_t bytes, const ArenaConfig& config);
@@ -47,11 +51,14 @@ class ArenaCore final : public ShareOwner, public std::enable_shared_from_this<A
   /// A free slice of class `cls`, carving a fresh chunk if it has none; the
   /// slice's offset, or nothing when the arena is full.
   [[nodiscard]] std::optional<std::uint64_t> take_locked(std::size_t cls);
+  /// A slice of class `cls` back on its free list.
+  void put_back_locked(std::size_t cls, std::uint64_t offset);
   [[nodiscard]] RegionGuard slice_at(std::uint64_t offset, std::size_t bytes);
   void cancel(std::uint64_t ticket);
   [[nodiscard]] asio::any_io_executor early_executor() const;
 
   RegionGuard whole_;
+  RegistryCounters& counters_;  // the registry's: its core lives while `whole_` does
   const ArenaConfig config_;
   const std::uint64_t capacity_;
   const std::weak_ptr<RdmaBackend> backend_;

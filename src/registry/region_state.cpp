@@ -31,6 +31,8 @@ void RegionState::quarantine(OwnedBuffer buffer, RegistryCounters& counters) {
 
 const std::shared_ptr<RdmaBackend>& RegionState::backend() const noexcept { return core_->backend(); }
 
+RegistryCounters& RegionState::counters() const noexcept { return core_->counters(); }
+
 bool RegionState::released() const {
   std::lock_guard lock(mutex_);
   return phase_ == Phase::released;

@@ -36,6 +36,8 @@ class RegionState : public std::enable_shared_from_this<RegionState> {
   [[nodiscard]] std::uint64_t generation() const noexcept { return generation_; }
   [[nodiscard]] const std::shared_ptr<Latch>& deregistered() const noexcept { return deregistered_; }
   [[nodiscard]] const std::shared_ptr<RdmaBackend>& backend() const noexcept;
+  /// The registry's counters (its core outlives the region).
+  [[nodiscard]] RegistryCounters& counters() const noexcept;
 
   /// Admits one transfer unless deregistration has begun.
   [[nodiscard]] bool begin_transfer();

@@ -62,6 +62,10 @@ void RegistryCounters::snapshot(RegistryStats& stats) const noexcept {
   stats.cancelled = cancelled.load(relaxed);
   stats.unconfirmed_unmaps = unconfirmed_unmaps.load(relaxed);
   stats.leaked_owned_buffers = leaked_owned_buffers.load(relaxed);
+  stats.arenas = arenas.load(relaxed);
+  stats.arena_capacity_bytes = arena_capacity_bytes.load(relaxed);
+  stats.arena_allocated_bytes = arena_allocated_bytes.load(relaxed);
+  stats.arena_slices = arena_slices.load(relaxed);
   for (std::size_t i = 0; i < latency.size(); ++i) {
     stats.registration_latency.counts[i] = latency[i].load(relaxed);
   }

@@ -23,6 +23,11 @@ struct RegistryCounters {
   Counter cancelled{0};
   Counter unconfirmed_unmaps{0};
   Counter leaked_owned_buffers{0};
+  // Arenas made from this registry (gauges: up and down).
+  Counter arenas{0};
+  Counter arena_capacity_bytes{0};
+  Counter arena_allocated_bytes{0};
+  Counter arena_slices{0};
   std::array<Counter, LatencyHistogram::bucket_count> latency{};
   Counter latency_sum_ns{0};
 

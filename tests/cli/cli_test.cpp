@@ -211,6 +211,10 @@ TEST(Metrics, EveryFamilyHasHelpAndItsUnitInTheName) {
       {"corma_registry_cache_misses_total", "counter"},
       {"corma_registry_cache_evictions_total", "counter"},
       {"corma_registry_cache_idle_bytes", "gauge"},
+      {"corma_registry_arenas", "gauge"},
+      {"corma_registry_arena_capacity_bytes", "gauge"},
+      {"corma_registry_arena_allocated_bytes", "gauge"},
+      {"corma_registry_arena_slices", "gauge"},
       {"corma_registration_latency_seconds", "histogram"},
   };
   const auto families = families_of(text);

@@ -81,6 +81,12 @@ TEST_F(ArenaTest, ChargesTheBudgetOnceAndHandsOutDisjointSlicesWithoutABackendCa
   EXPECT_EQ(backend->live_registrations(), maps_before) << "a slice went to the backend";
   EXPECT_EQ(registry.stats().registrations, 1u);
   EXPECT_EQ(arena.stats().slices, slices.size());
+  // The registry reports its arenas' occupancy (for its metrics).
+  EXPECT_EQ(registry.stats().arenas, 1u);
+  EXPECT_EQ(registry.stats().arena_capacity_bytes, 5u * 65536);
+  EXPECT_EQ(registry.stats().arena_slices, slices.size());
+  EXPECT_EQ(registry.stats().arena_allocated_bytes, arena.stats().allocated_bytes);
+  EXPECT_EQ(arena.stats().allocated_bytes, 256u * 3 + 512 + 4096 + 8192 + 65536);
 
   auto remote = slices[4].remote();
   EXPECT_EQ(remote.addr, reinterpret_cast<std::uint64_t>(slices[4].data()));
@@ -195,6 +201,8 @@ TEST_F(ArenaTest, DroppingTheArenaAnswersItsWaitersAndItsRegistrationOutlivesIts
   auto event = slice.deregistered();
   slice = RegionGuard{};
   ASSERT_TRUE(wait_released(event));
+  EXPECT_EQ(registry.stats().arenas, 0u) << "the arena's core outlived its last slice";
+  EXPECT_EQ(registry.stats().arena_slices, 0u);
   ASSERT_TRUE(registry.async_shutdown(std::chrono::seconds(5), asio::use_future).get());
   EXPECT_EQ(backend->live_registrations(), 0u);
   EXPECT_EQ(registry.stats().registered_bytes, 0u);
