@@ -10,6 +10,7 @@
 #include <boost/asio/steady_timer.hpp>
 
 #include <deque>
+#include <functional>
 #include <optional>
 #include <random>
 
@@ -173,59 +174,52 @@ TEST_F(Rendezvous, AnswersInAnyOrderReachTheirOwnRequests) {
   EXPECT_GT(strict.overlapping, 0) << "the fetches did not talk at once";
 }
 
-TEST_F(Rendezvous, FetchesRunTheirRdmaGetsAtOnceOnOneConnection) {
-  start_owner();
-  consumer_backend->hold_transfers();
-  constexpr int fetches = 6;
-  std::vector<std::optional<corma::Result<corma::Fetched>>> outcomes(fetches);
-  corma::testing::run(io, [&]() -> asio::awaitable<void> {
-    auto consumer = (co_await connect(consumer_registry)).value();
+/// `count` fetches of "big" at once on one connection with their gets held:
+/// `while_held(consumer)` runs once all the gets are in flight, then they
+/// are let go, and every fetch must have arrived whole by RDMA.
+class HeldFetches : public Rendezvous {
+ protected:
+  void fetch_while_held(int count, const std::function<asio::awaitable<void>(corma::Consumer&)>& while_held) {
+    consumer_backend->hold_transfers();
+    std::vector<std::optional<corma::Result<corma::Fetched>>> outcomes(static_cast<std::size_t>(count));
+    corma::testing::run(io, [&]() -> asio::awaitable<void> {
+      auto consumer = (co_await connect(consumer_registry)).value();
+      for (auto& outcome : outcomes) {
+        asio::co_spawn(io, [&consumer, &outcome]() -> asio::awaitable<void> {
+          outcome = co_await consumer->async_fetch("big");
+        }, asio::detached);
+      }
+      co_await poll_until([&] { return consumer_backend->transfers_in_flight() == static_cast<std::size_t>(count); });
+      EXPECT_EQ(consumer_backend->transfers_in_flight(), static_cast<std::size_t>(count))
+          << "the gets of one connection's fetches did not run at once";
+      co_await while_held(*consumer);
+      consumer_backend->release_transfers();
+      co_await poll_until([&] { return std::all_of(outcomes.begin(), outcomes.end(), [](auto& o) { return o.has_value(); }); });
+    }());
     for (auto& outcome : outcomes) {
-      asio::co_spawn(io, [&consumer, &outcome]() -> asio::awaitable<void> {
-        outcome = co_await consumer->async_fetch("big");
-      }, asio::detached);
+      ASSERT_TRUE(outcome.has_value());
+      ASSERT_TRUE(*outcome) << outcome->error().message();
+      EXPECT_EQ(outcome->value().path, corma::Path::rdma);
+      EXPECT_EQ(std::vector<std::byte>(outcome->value().data.bytes().begin(), outcome->value().data.bytes().end()), big);
     }
-    co_await poll_until([&] { return consumer_backend->transfers_in_flight() == fetches; });
-    EXPECT_EQ(consumer_backend->transfers_in_flight(), static_cast<std::size_t>(fetches))
-        << "the gets of one connection's fetches did not run at once";
-    consumer_backend->release_transfers();
-    co_await poll_until([&] { return std::all_of(outcomes.begin(), outcomes.end(), [](auto& o) { return o.has_value(); }); });
-  }());
-  for (auto& outcome : outcomes) {
-    ASSERT_TRUE(outcome.has_value());
-    ASSERT_TRUE(*outcome) << outcome->error().message();
-    EXPECT_EQ(outcome->value().path, corma::Path::rdma);
-    EXPECT_EQ(std::vector<std::byte>(outcome->value().data.bytes().begin(), outcome->value().data.bytes().end()), big);
   }
+};
+
+TEST_F(HeldFetches, FetchesRunTheirRdmaGetsAtOnceOnOneConnection) {
+  start_owner();
+  fetch_while_held(6, [](corma::Consumer&) -> asio::awaitable<void> { co_return; });
 }
 
-TEST_F(Rendezvous, OneLeaseKeeperCarriesEveryFetchOfTheConnectionPastManyLeaseTimeouts) {
+TEST_F(HeldFetches, OneLeaseKeeperCarriesEveryFetchOfTheConnectionPastManyLeaseTimeouts) {
   start_owner(64 << 20, corma::OwnerConfig{.lease_timeout = std::chrono::milliseconds(120),
                                            .reap_interval = std::chrono::milliseconds(10)});
-  consumer_backend->hold_transfers();
   constexpr int fetches = 4;
   constexpr std::uint64_t renewals_each = 4;  // about four lease timeouts while the gets are held
-  std::vector<std::optional<corma::Result<corma::Fetched>>> outcomes(fetches);
-  corma::testing::run(io, [&]() -> asio::awaitable<void> {
-    auto consumer = (co_await connect(consumer_registry)).value();
-    for (auto& outcome : outcomes) {
-      asio::co_spawn(io, [&consumer, &outcome]() -> asio::awaitable<void> {
-        outcome = co_await consumer->async_fetch("big");
-      }, asio::detached);
-    }
-    co_await poll_until([&] { return consumer_backend->transfers_in_flight() == fetches; });
-    co_await poll_until([&] { return consumer->stats().renewals >= renewals_each * fetches; });
-    EXPECT_GE(consumer->stats().renewals, renewals_each * fetches);
+  fetch_while_held(fetches, [&](corma::Consumer& consumer) -> asio::awaitable<void> {
+    co_await poll_until([&] { return consumer.stats().renewals >= renewals_each * fetches; });
+    EXPECT_GE(consumer.stats().renewals, renewals_each * fetches);
     EXPECT_EQ(owner->stats().live_leases, static_cast<std::uint64_t>(fetches));
-    consumer_backend->release_transfers();
-    co_await poll_until([&] { return std::all_of(outcomes.begin(), outcomes.end(), [](auto& o) { return o.has_value(); }); });
-  }());
-  for (auto& outcome : outcomes) {
-    ASSERT_TRUE(outcome.has_value());
-    ASSERT_TRUE(*outcome) << outcome->error().message();
-    EXPECT_EQ(outcome->value().path, corma::Path::rdma);
-    EXPECT_EQ(std::vector<std::byte>(outcome->value().data.bytes().begin(), outcome->value().data.bytes().end()), big);
-  }
+  });
   EXPECT_EQ(owner->stats().leases_expired, 0u) << "a lease lapsed while its fetch's get was held";
 }
 
