@@ -94,11 +94,13 @@ struct OwnerConfig {
   /// min_window fits is it served in chunks (reason `no_window`).
   std::uint64_t min_window = 1 << 20;
   std::uint64_t max_window = 64 << 20;
-  /// Keeps published objects registered between leases, so a repeated fetch
+  /// Keeps published objects registered between leases, in the registry's
+  /// cache (Caching::keep, with the object's keepalive), so a repeated fetch
   /// costs no registration on this side. Cached exports nobody is reading
-  /// are deregistered when a new export needs their room in the budget, and
-  /// when the name is published again. Objects found by the resolver are
-  /// exported per lease, as before (a file may change under its name).
+  /// are deregistered when a registration needs their room in the budget,
+  /// when the name is published again, and when the owner stops. Objects
+  /// found by the resolver are exported per lease (a file may change under
+  /// its name).
   bool cache_exports = true;
 };
 

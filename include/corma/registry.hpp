@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 
@@ -33,6 +34,7 @@ struct RegistryConfig {
   /// with no backend call and no second charge. Opt-in, because the cache
   /// keeps memory registered after its guards went: the caller must call
   /// async_invalidate before it frees or remaps memory it registered.
+  /// Off, only registrations asking for it (`Caching::keep`) are cached.
   bool cache_registrations = false;
   /// The share of the budget that cached registrations with no guard left
   /// may hold; beyond it the least recently used go. The budget takes idle
@@ -42,6 +44,33 @@ struct RegistryConfig {
   /// bytes, since a peer with the key reaches the whole registration;
   /// true lets it share a wider one (for peers trusted with all of it).
   bool share_exposed_registrations = false;
+};
+
+/// Whether one registration goes into the registry's cache.
+enum class Caching : std::uint8_t {
+  /// As RegistryConfig::cache_registrations says.
+  registry_default,
+  /// Into the cache even with cache_registrations off, sharing a cached
+  /// registration that covers it, and kept idle when its guards are gone
+  /// until the budget needs its room or it is invalidated (not bounded by
+  /// cache_idle_share): for memory the caller keeps alive through
+  /// `RegistrationOptions::keepalive`, or invalidates before freeing.
+  keep,
+  /// Registered anew, and never shared or kept.
+  never,
+};
+
+/// How Registry::async_register treats one registration.
+struct RegistrationOptions {
+  Caching caching = Caching::registry_default;
+  /// Held by a registration this call puts into the cache until that
+  /// registration is released (not only until its guards go): the owner of
+  /// the bytes, so memory kept registered idle cannot be freed under it.
+  std::shared_ptr<const void> keepalive;
+  /// Called, on the thread that evicts, when the cache lets the
+  /// registration this call made go for room (the budget, or the idle
+  /// share); not for invalidation or shutdown.
+  std::function<void()> on_evicted;
 };
 
 /// Registration latency in power-of-two microsecond buckets: bucket 0 holds
@@ -113,11 +142,17 @@ class Registry {
   /// deregistered() resolves.
   template <asio::completion_token_for<void(Result<RegionGuard>)> Token>
   auto async_register(std::span<std::byte> memory, Access access, Token&& token) {
+    return async_register(memory, access, RegistrationOptions{}, std::forward<Token>(token));
+  }
+
+  /// The same, with the cache's treatment of this registration chosen.
+  template <asio::completion_token_for<void(Result<RegionGuard>)> Token>
+  auto async_register(std::span<std::byte> memory, Access access, RegistrationOptions options, Token&& token) {
     return asio::async_initiate<Token, void(Result<RegionGuard>)>(
-        [core = core_](auto handler, std::span<std::byte> m, Access a) {
-          do_register(core, m, a, std::move(handler));
+        [core = core_](auto handler, std::span<std::byte> m, Access a, RegistrationOptions o) {
+          do_register(core, m, a, std::move(o), std::move(handler));
         },
-        token, memory, access);
+        token, memory, access, std::move(options));
   }
 
   /// Registers memory the registry then owns; it is freed after confirmed
@@ -141,14 +176,16 @@ class Registry {
   /// The cache's answer alone, at once, on this thread: a guard for
   /// `memory` sharing a cached registration that covers it (the rules of
   /// async_register), or `region_not_found` when none does (register it
-  /// with async_register), `not_configured` without the cache,
-  /// `out_of_range` for a bad range, `shutting_down` once shutdown began.
+  /// with async_register; a look-up that finds nothing is not counted a
+  /// miss, the registration that follows is), `out_of_range` for a bad
+  /// range, `shutting_down` once shutdown began. With cache_registrations
+  /// off it finds the registrations made with `Caching::keep`.
   [[nodiscard]] Result<RegionGuard> find_cached(std::span<std::byte> memory, Access access);
 
   /// Ends caching of every registration overlapping `memory`: the idle ones
   /// are deregistered now, the others once their guards go. Completes when
   /// all of them are released, after which the memory may be freed or
-  /// reused. Without the cache there is nothing to invalidate.
+  /// reused.
   template <asio::completion_token_for<void(Result<void>)> Token>
   auto async_invalidate(std::span<const std::byte> memory, Token&& token) {
     return asio::async_initiate<Token, void(Result<void>)>(
@@ -198,7 +235,7 @@ class Registry {
 
  private:
   using Core = std::shared_ptr<detail::RegistryCore>;
-  static void do_register(const Core& core, std::span<std::byte> memory, Access access,
+  static void do_register(const Core& core, std::span<std::byte> memory, Access access, RegistrationOptions options,
                           asio::any_completion_handler<void(Result<RegionGuard>)> handler);
   static void do_register_owned(const Core& core, OwnedBuffer buffer, Access access,
                                 asio::any_completion_handler<void(OwnedResult)> handler);

@@ -8,8 +8,23 @@ namespace corma::detail {
 /// One cached registration: the guards sharing it are its shares.
 class RegistrationCache::Entry final : public ShareOwner, public std::enable_shared_from_this<Entry> {
  public:
-  Entry(RegistrationCache& owner, std::shared_ptr<RegionState> registration, Access registered) noexcept
-      : cache(owner), state(std::move(registration)), access(registered) {}
+  Entry(RegistrationCache& owner, std::shared_ptr<RegionState> registration, Access registered,
+        RegistrationOptions options) noexcept
+      : cache(owner),
+        state(std::move(registration)),
+        access(registered),
+        bounded(options.caching != Caching::keep),
+        keepalive(std::move(options.keepalive)),
+        on_evicted(std::move(options.on_evicted)) {}
+  Entry(const Entry&) = delete;
+  Entry& operator=(const Entry&) = delete;
+  ~Entry() override {
+    // The bytes outlive their registration: let go once its release is
+    // confirmed (never, if it never is).
+    if (keepalive && !state->deregistered()->is_set()) {
+      state->deregistered()->wait([keep = std::move(keepalive)](Result<void>) {});
+    }
+  }
 
   void give_back(std::uint64_t /*offset*/, std::uint64_t /*len*/) noexcept override {
     cache.on_returned(shared_from_this());
@@ -26,6 +41,9 @@ class RegistrationCache::Entry final : public ShareOwner, public std::enable_sha
   RegistrationCache& cache;
   const std::shared_ptr<RegionState> state;
   const Access access;
+  const bool bounded;  ///< by the idle limit (not asked to be kept)
+  std::shared_ptr<const void> keepalive;
+  const std::function<void()> on_evicted;
   // Under the cache's lock:
   std::uint64_t guards = 0;
   bool in_cache = true;         ///< shared and kept idle; false once removed
@@ -47,7 +65,14 @@ void deregister_all(const std::vector<std::shared_ptr<RegionState>>& going) {
 
 }  // namespace
 
-std::optional<RegionGuard> RegistrationCache::share(std::span<std::byte> memory, Access access) {
+void RegistrationCache::let_go(const std::vector<std::shared_ptr<Entry>>& evicted) {
+  for (const auto& entry : evicted) {
+    entry->state->request_deregistration({});
+    if (entry->on_evicted) entry->on_evicted();
+  }
+}
+
+std::optional<RegionGuard> RegistrationCache::share(std::span<std::byte> memory, Access access, bool count_miss) {
   const auto first = reinterpret_cast<std::uintptr_t>(memory.data());
   const auto last = first + memory.size();
   std::lock_guard lock(mutex_);
@@ -60,22 +85,18 @@ std::optional<RegionGuard> RegistrationCache::share(std::span<std::byte> memory,
     // A peer with the key reaches the whole registration.
     const bool exact = entry->start() == first && entry->end() == last;
     if (access != Access::local && !exact && !share_exposed_) continue;
-    if (entry->idle) {
-      stats_.idle_bytes -= entry->state->charged();
-      idle_.erase(*entry->idle);
-      entry->idle.reset();
-    }
+    leave_idle_locked(*entry);
     ++entry->guards;
     ++stats_.hits;
     return guard_for(entry, memory);
   }
-  ++stats_.misses;
+  if (count_miss) ++stats_.misses;
   return std::nullopt;
 }
 
-RegionGuard RegistrationCache::adopt(std::shared_ptr<RegionState> state, Access access,
-                                     std::span<std::byte> memory) {
-  auto entry = std::make_shared<Entry>(*this, std::move(state), access);
+RegionGuard RegistrationCache::adopt(std::shared_ptr<RegionState> state, Access access, std::span<std::byte> memory,
+                                     RegistrationOptions options) {
+  auto entry = std::make_shared<Entry>(*this, std::move(state), access, std::move(options));
   entry->guards = 1;
   std::lock_guard lock(mutex_);
   if (closed_) {
@@ -95,25 +116,36 @@ RegionGuard RegistrationCache::guard_for(const std::shared_ptr<Entry>& entry, st
 }
 
 void RegistrationCache::on_returned(const std::shared_ptr<Entry>& entry) {
-  std::vector<std::shared_ptr<RegionState>> going;
+  std::shared_ptr<RegionState> going;
+  std::vector<std::shared_ptr<Entry>> evicted;
   {
     std::lock_guard lock(mutex_);
     if (--entry->guards != 0) return;
     if (!entry->in_cache || !entry->keep_when_idle) {
       if (entry->in_cache) remove_locked(entry);
-      going.push_back(entry->state);
+      going = entry->state;
     } else {
       entry->idle = idle_.insert(idle_.end(), entry);
       stats_.idle_bytes += entry->state->charged();
-      trim_locked(going);
+      if (entry->bounded) bounded_idle_bytes_ += entry->state->charged();
+      trim_locked(evicted);
     }
   }
-  deregister_all(going);
+  if (going) going->request_deregistration({});
+  let_go(evicted);
 }
 
 void RegistrationCache::on_deregister_asked(const std::shared_ptr<Entry>& entry) {
   std::lock_guard lock(mutex_);
   entry->keep_when_idle = false;  // its last guard's return deregisters it
+}
+
+void RegistrationCache::leave_idle_locked(Entry& entry) {
+  if (!entry.idle) return;
+  stats_.idle_bytes -= entry.state->charged();
+  if (entry.bounded) bounded_idle_bytes_ -= entry.state->charged();
+  idle_.erase(*entry.idle);
+  entry.idle.reset();
 }
 
 void RegistrationCache::remove_locked(const std::shared_ptr<Entry>& entry) {
@@ -124,26 +156,23 @@ void RegistrationCache::remove_locked(const std::shared_ptr<Entry>& entry) {
       break;
     }
   }
-  if (entry->idle) {
-    stats_.idle_bytes -= entry->state->charged();
-    idle_.erase(*entry->idle);
-    entry->idle.reset();
-  }
+  leave_idle_locked(*entry);
   entry->in_cache = false;
   --stats_.entries;
 }
 
-void RegistrationCache::trim_locked(std::vector<std::shared_ptr<RegionState>>& going) {
-  while (stats_.idle_bytes > idle_limit_ && !idle_.empty()) {
-    auto oldest = idle_.front();
-    remove_locked(oldest);
-    going.push_back(oldest->state);
+void RegistrationCache::trim_locked(std::vector<std::shared_ptr<Entry>>& evicted) {
+  for (auto it = idle_.begin(); bounded_idle_bytes_ > idle_limit_ && it != idle_.end();) {
+    auto entry = *it++;  // removing it erases its place in the list
+    if (!entry->bounded) continue;
+    remove_locked(entry);
+    evicted.push_back(std::move(entry));
     ++stats_.evictions;
   }
 }
 
 std::vector<std::shared_ptr<Latch>> RegistrationCache::evict_idle(std::uint64_t bytes) {
-  std::vector<std::shared_ptr<RegionState>> going;
+  std::vector<std::shared_ptr<Entry>> evicted;
   std::vector<std::shared_ptr<Latch>> released;
   {
     std::lock_guard lock(mutex_);
@@ -153,11 +182,11 @@ std::vector<std::shared_ptr<Latch>> RegistrationCache::evict_idle(std::uint64_t 
       freed += oldest->state->charged();
       remove_locked(oldest);
       released.push_back(oldest->state->deregistered());
-      going.push_back(oldest->state);
+      evicted.push_back(std::move(oldest));
       ++stats_.evictions;
     }
   }
-  deregister_all(going);
+  let_go(evicted);
   return released;
 }
 
@@ -166,9 +195,9 @@ std::vector<std::shared_ptr<Latch>> RegistrationCache::invalidate(std::span<cons
   const auto last = first + memory.size();
   std::vector<std::shared_ptr<RegionState>> going;
   std::vector<std::shared_ptr<Latch>> released;
+  std::vector<std::shared_ptr<Entry>> overlapping;  // destroyed outside the lock
   {
     std::lock_guard lock(mutex_);
-    std::vector<std::shared_ptr<Entry>> overlapping;
     auto it = by_start_.lower_bound(first >= largest_ ? first - largest_ : 0);
     for (; it != by_start_.end() && it->first < last; ++it) {
       if (it->second->end() > first) overlapping.push_back(it->second);
@@ -186,10 +215,10 @@ std::vector<std::shared_ptr<Latch>> RegistrationCache::invalidate(std::span<cons
 
 void RegistrationCache::close() {
   std::vector<std::shared_ptr<RegionState>> going;
+  std::vector<std::shared_ptr<Entry>> all;  // destroyed outside the lock
   {
     std::lock_guard lock(mutex_);
     closed_ = true;
-    std::vector<std::shared_ptr<Entry>> all;
     for (auto& [start, entry] : by_start_) all.push_back(entry);
     for (const auto& entry : all) {
       if (entry->idle) going.push_back(entry->state);

@@ -4,7 +4,9 @@
 // naming just the bytes asked for. A registration with no guard left stays
 // cached, idle, while the idle ones fit their share of the budget, and goes
 // least recently used first; the budget takes idle ones back when it needs
-// room. Only registrations made with the cache on are in it.
+// room. Registrations asked to be kept (Caching::keep) stay idle until the
+// budget needs them: the idle share bounds the others. Only registrations
+// made with caching on are in it.
 #pragma once
 
 #include "guard_share.hpp"
@@ -33,12 +35,15 @@ class RegistrationCache {
   /// A guard for `memory` sharing a cached registration that covers it, or
   /// nothing. A guard exposed to peers (`access` not local) shares only a
   /// registration of exactly its bytes, unless exposed sharing is on: a
-  /// peer with the key reaches the whole registration.
-  [[nodiscard]] std::optional<RegionGuard> share(std::span<std::byte> memory, Access access);
+  /// peer with the key reaches the whole registration. `count_miss`: a
+  /// registration follows if nothing is found.
+  [[nodiscard]] std::optional<RegionGuard> share(std::span<std::byte> memory, Access access, bool count_miss);
 
-  /// Keeps a fresh registration (`state`, made with `access`) for sharing;
-  /// the guard for the caller who made it, naming `memory` inside it.
-  [[nodiscard]] RegionGuard adopt(std::shared_ptr<RegionState> state, Access access, std::span<std::byte> memory);
+  /// Keeps a fresh registration (`state`, made with `access` and `options`)
+  /// for sharing; the guard for the caller who made it, naming `memory`
+  /// inside it.
+  [[nodiscard]] RegionGuard adopt(std::shared_ptr<RegionState> state, Access access, std::span<std::byte> memory,
+                                  RegistrationOptions options);
 
   /// Idle registrations, least recently used first, until `bytes` charged
   /// are on their way back: their release events (none when nothing is idle).
@@ -73,8 +78,13 @@ class RegistrationCache {
   /// deregistration is requested by the caller, outside the lock.
   void remove_locked(const std::shared_ptr<Entry>& entry);
   [[nodiscard]] RegionGuard guard_for(const std::shared_ptr<Entry>& entry, std::span<std::byte> memory);
-  /// Idle ones beyond the idle limit, least recently used first; lock held.
-  void trim_locked(std::vector<std::shared_ptr<RegionState>>& going);
+  /// Idle ones bounded by the idle limit beyond it, least recently used
+  /// first; lock held.
+  void trim_locked(std::vector<std::shared_ptr<Entry>>& evicted);
+  /// Marks idle `entry` in use again, or takes it off the idle list; lock held.
+  void leave_idle_locked(Entry& entry);
+  /// Deregisters what `evicted` holds and tells whoever asked to hear of it.
+  static void let_go(const std::vector<std::shared_ptr<Entry>>& evicted);
 
   const std::uint64_t idle_limit_;
   const bool share_exposed_;
@@ -84,6 +94,7 @@ class RegistrationCache {
   std::multimap<std::uintptr_t, std::shared_ptr<Entry>> by_start_;  // by the first registered byte
   Lru idle_;                                                        // least recently used first
   Stats stats_;
+  std::uint64_t bounded_idle_bytes_ = 0;  // charged to idle ones the idle limit bounds
   std::uint64_t largest_ = 0;  // the longest registration in the cache: bounds the look-up
 };
 

@@ -53,13 +53,13 @@ class CallerBinding {
 
 }  // namespace
 
-void Registry::do_register(const Core& core, std::span<std::byte> memory, Access access,
+void Registry::do_register(const Core& core, std::span<std::byte> memory, Access access, RegistrationOptions options,
                            asio::any_completion_handler<void(Result<RegionGuard>)> handler) {
   const CallerBinding caller(handler);
   auto done = caller.bind([h = std::move(handler)](Result<RegionGuard> r, OwnedBuffer) mutable {
     std::move(h)(std::move(r));
   });
-  core->start_registration(memory, access, OwnedBuffer{}, std::move(done));
+  core->start_registration(memory, access, std::move(options), OwnedBuffer{}, std::move(done));
 }
 
 void Registry::do_register_owned(const Core& core, OwnedBuffer buffer, Access access,
@@ -71,7 +71,7 @@ void Registry::do_register_owned(const Core& core, OwnedBuffer buffer, Access ac
     std::move(h)(OwnedResult(boost::outcome_v2::failure(
         OwnedRegistrationFailure{std::move(r).error(), std::move(b)})));
   });
-  core->start_registration(memory, access, std::move(buffer), std::move(done));
+  core->start_registration(memory, access, {}, std::move(buffer), std::move(done));
 }
 
 void Registry::do_invalidate(const Core& core, std::span<const std::byte> memory,
@@ -93,7 +93,7 @@ void Registry::do_make_arena(const Core& core, std::size_t bytes, ArenaConfig co
   });
   auto buffer = OwnedBuffer::allocate(static_cast<std::size_t>(capacity.value()));
   const auto memory = buffer.bytes();
-  core->start_registration(memory, config.access, std::move(buffer), std::move(done));
+  core->start_registration(memory, config.access, {}, std::move(buffer), std::move(done));
 }
 
 void Registry::do_shutdown(const Core& core, std::chrono::steady_clock::duration deadline,

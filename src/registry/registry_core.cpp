@@ -14,7 +14,6 @@ namespace {
 std::size_t system_page_size() { return static_cast<std::size_t>(::sysconf(_SC_PAGESIZE)); }
 
 std::unique_ptr<RegistrationCache> make_cache(const RegistryConfig& config) {
-  if (!config.cache_registrations) return nullptr;
   const double share = std::clamp(config.cache_idle_share, 0.0, 1.0);
   return std::make_unique<RegistrationCache>(
       static_cast<std::uint64_t>(share * static_cast<double>(config.budget_bytes)), config.share_exposed_registrations);
@@ -43,12 +42,14 @@ struct RegistryCore::Registration {
   /// Set when the registration goes into the cache: the bytes the caller
   /// asked for, inside `memory`.
   std::optional<std::span<std::byte>> cached;
+  RegistrationOptions options;
 };
 
 RegistryCore::RegistryCore(std::shared_ptr<RdmaBackend> backend, RegistryConfig config)
     : backend_(std::move(backend)),
       page_size_(config.page_size != 0 ? config.page_size : system_page_size()),
       budget_(std::make_shared<Budget>(config.budget_bytes)),
+      cache_by_default_(config.cache_registrations),
       cache_(make_cache(config)) {}
 
 std::uint64_t RegistryCore::charge_for(const void* ptr, std::size_t len) const noexcept {
@@ -59,15 +60,18 @@ std::uint64_t RegistryCore::charge_for(const void* ptr, std::size_t len) const n
   return (last_page - first_page + 1) * page_size_;
 }
 
-void RegistryCore::start_registration(std::span<std::byte> memory, Access access,
+void RegistryCore::start_registration(std::span<std::byte> memory, Access access, RegistrationOptions options,
                                       OwnedBuffer owned, RegistrationDone done) {
+  const bool cached = !owned && (options.caching == Caching::keep ||
+                                 (options.caching == Caching::registry_default && cache_by_default_));
   Registration reg{Completion<void(Result<RegionGuard>, OwnedBuffer)>(std::move(done)),
                    memory,
                    access,
                    {},
                    std::move(owned),
                    std::chrono::steady_clock::now(),
-                   std::nullopt};
+                   std::nullopt,
+                   std::move(options)};
   auto refuse = [&](Error error) {
     counters_.record_failure(error);
     reg.completion.post(backend_->progress_executor(), std::move(error), std::move(reg.owned));
@@ -83,8 +87,8 @@ void RegistryCore::start_registration(std::span<std::byte> memory, Access access
     if (admitted) ++admitted_;
   }
   if (!admitted) return refuse(Error{errc::shutting_down, "registry is shutting down"});
-  if (cache_ && !reg.owned) {
-    if (auto shared = cache_->share(memory, access)) {
+  if (cached) {
+    if (auto shared = cache_->share(memory, access, true)) {
       reg.completion.post(backend_->progress_executor(), std::move(*shared), OwnedBuffer{});
       return admitted_done();
     }
@@ -102,13 +106,12 @@ void RegistryCore::start_registration(std::span<std::byte> memory, Access access
 }
 
 Result<RegionGuard> RegistryCore::find_cached(std::span<std::byte> memory, Access access) {
-  if (!cache_) return fail(errc::not_configured, "the registry's cache is off (RegistryConfig::cache_registrations)");
   CORMA_TRY(validate_range(memory.data(), memory.size()));
   {
     std::lock_guard lock(mutex_);
     if (closed_) return fail(errc::shutting_down, "registry is shutting down");
   }
-  if (auto shared = cache_->share(memory, access)) return std::move(*shared);
+  if (auto shared = cache_->share(memory, access, false)) return std::move(*shared);
   return fail(errc::region_not_found, "no cached registration covers these bytes");
 }
 
@@ -116,7 +119,7 @@ void RegistryCore::reserve_and_map(Registration reg, bool may_evict) {
   auto reservation = budget_->reserve(charge_for(reg.memory.data(), reg.memory.size()));
   if (!reservation) {
     std::vector<std::shared_ptr<Latch>> releasing;
-    if (may_evict && cache_) releasing = cache_->evict_idle(charge_for(reg.memory.data(), reg.memory.size()));
+    if (may_evict) releasing = cache_->evict_idle(charge_for(reg.memory.data(), reg.memory.size()));
     if (!releasing.empty()) {
       // Once the evicted ones have given their bytes back, once more.
       auto pending = std::make_shared<Registration>(std::move(reg));
@@ -171,7 +174,7 @@ void RegistryCore::on_mapped(Registration reg, Result<BackendRegion> mapped) {
   counters_.record_latency(std::chrono::steady_clock::now() - reg.started);
   // An undelivered guard is destroyed with the handler, which deregisters it
   // (or hands it back to the cache).
-  RegionGuard guard = reg.cached ? cache_->adopt(std::move(state), reg.access, *reg.cached)
+  RegionGuard guard = reg.cached ? cache_->adopt(std::move(state), reg.access, *reg.cached, std::move(reg.options))
                                  : RegionGuard(std::move(state));
   reg.completion.dispatch(std::move(guard), OwnedBuffer{});
   admitted_done();
@@ -230,7 +233,7 @@ void RegistryCore::on_region_unconfirmed(const std::shared_ptr<RegionState>& reg
 }
 
 void RegistryCore::registry_gone() {
-  if (cache_) cache_->close();
+  cache_->close();
   std::map<std::uint64_t, std::shared_ptr<RegionState>> dropped;
   std::lock_guard lock(mutex_);
   dropped.swap(unconfirmed_);
@@ -239,8 +242,7 @@ void RegistryCore::registry_gone() {
 void RegistryCore::invalidate(std::span<const std::byte> memory,
                               asio::any_completion_handler<void(Result<void>)> handler) {
   auto completion = std::make_shared<Completion<void(Result<void>)>>(std::move(handler));
-  std::vector<std::shared_ptr<Latch>> releasing;
-  if (cache_) releasing = cache_->invalidate(memory);
+  const auto releasing = cache_->invalidate(memory);
   if (releasing.empty()) return completion->post(backend_->progress_executor(), success());
   after_all(releasing, [completion] { completion->dispatch(success()); });
 }
@@ -249,7 +251,7 @@ void RegistryCore::start_shutdown(std::chrono::steady_clock::duration deadline,
                                   std::shared_ptr<asio::steady_timer> timer,
                                   asio::any_completion_handler<void(Result<void>)> handler) {
   Completion<void(Result<void>)> waiter(std::move(handler));
-  if (cache_) cache_->close();  // shared no more; the idle ones go now
+  cache_->close();  // shared no more; the idle ones go now
   bool first = false;
   bool deregister = false;
   {
@@ -363,13 +365,11 @@ RegistryStats RegistryCore::stats() const {
   stats.budget_bytes = budget_->limit();
   stats.registered_bytes = budget_->committed();
   stats.reserved_bytes = budget_->reserved();
-  if (cache_) {
-    const auto cache = cache_->stats();
-    stats.cache_hits = cache.hits;
-    stats.cache_misses = cache.misses;
-    stats.cache_evictions = cache.evictions;
-    stats.cache_idle_bytes = cache.idle_bytes;
-  }
+  const auto cache = cache_->stats();
+  stats.cache_hits = cache.hits;
+  stats.cache_misses = cache.misses;
+  stats.cache_evictions = cache.evictions;
+  stats.cache_idle_bytes = cache.idle_bytes;
   return stats;
 }
 

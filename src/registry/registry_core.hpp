@@ -33,7 +33,8 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
 
   RegistryCore(std::shared_ptr<RdmaBackend> backend, RegistryConfig config);
 
-  void start_registration(std::span<std::byte> memory, Access access, OwnedBuffer owned,
+  /// `options` matter for caller memory only: owned memory is never cached.
+  void start_registration(std::span<std::byte> memory, Access access, RegistrationOptions options, OwnedBuffer owned,
                           RegistrationDone done);
   void start_shutdown(std::chrono::steady_clock::duration deadline,
                       std::shared_ptr<asio::steady_timer> timer,
@@ -75,7 +76,8 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
   const std::shared_ptr<RdmaBackend> backend_;
   const std::size_t page_size_;
   const std::shared_ptr<Budget> budget_;
-  const std::unique_ptr<RegistrationCache> cache_;  // null unless config.cache_registrations
+  const bool cache_by_default_;  // config.cache_registrations
+  const std::unique_ptr<RegistrationCache> cache_;
   RegistryCounters counters_;
 
   mutable std::mutex mutex_;

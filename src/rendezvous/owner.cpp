@@ -20,8 +20,7 @@ Owner::~Owner() { stop(); }
 
 void Owner::publish(std::string name, PublishedObject object) {
   // New bytes under an old name: the old export must not be handed out again.
-  state_->forget_cached_export(name);
-  state_->exports.erase(name);
+  state_->forget_export(name);
   ++state_->publications[name];
   state_->published[std::move(name)] = std::move(object);
 }
@@ -84,15 +83,16 @@ void Owner::stop() {
   for (auto& [id, lease] : state.leases) {
     if (lease.exported) state.retired.push_back(std::move(lease.exported));
   }
-  for (auto& [name, exported] : state.cached_exports) state.retired.push_back(std::move(exported));
   state.leases.clear();
   state.session_leases.clear();
   state.windowed_leases = 0;
-  state.forget_cached_exports();
+  // Nothing is lent again: the cached exports go (the ones leases read, with them).
+  for (const auto& [name, object] : state.published) state.forget_export(name);
 }
 
 OwnerStats Owner::stats() const {
   OwnerStats stats = state_->stats;
+  stats.exports_evicted = state_->exports_evicted->load(std::memory_order_relaxed);
   stats.live_leases = state_->leases.size();
   stats.open_connections = state_->connections.size();
   return stats;

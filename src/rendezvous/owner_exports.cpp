@@ -5,6 +5,7 @@
 #include <corma/descriptor.hpp>
 
 #include <boost/asio/as_tuple.hpp>
+#include <boost/asio/detached.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
 #include <unistd.h>
@@ -15,52 +16,6 @@ namespace corma {
 
 namespace asio = boost::asio;
 using namespace rendezvous;
-
-std::shared_ptr<Export> Owner::State::cached_export(const std::string& name) {
-  auto found = cached_by_name.find(name);
-  if (found == cached_by_name.end()) return nullptr;
-  cached_exports.splice(cached_exports.end(), cached_exports, found->second);  // most recently used last
-  return found->second->second;
-}
-
-void Owner::State::cache_export(const std::string& name, std::shared_ptr<Export> exported) {
-  cached_exports.emplace_back(name, std::move(exported));
-  cached_by_name[name] = std::prev(cached_exports.end());
-}
-
-void Owner::State::forget_cached_export(const std::string& name) {
-  auto found = cached_by_name.find(name);
-  if (found == cached_by_name.end()) return;
-  cached_exports.erase(found->second);
-  cached_by_name.erase(found);
-}
-
-void Owner::State::forget_cached_exports() {
-  cached_exports.clear();
-  cached_by_name.clear();
-}
-
-asio::awaitable<bool> Owner::State::evict_idle_exports() {
-  std::vector<std::shared_ptr<Export>> idle;
-  for (auto it = cached_exports.begin(); it != cached_exports.end();) {
-    if (it->second.use_count() == 1) {
-      // Not handed out again while its deregistration runs.
-      if (auto live = exports.find(it->first); live != exports.end() && live->second.lock() == it->second) {
-        exports.erase(live);
-      }
-      idle.push_back(std::move(it->second));
-      cached_by_name.erase(it->first);
-      it = cached_exports.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  for (auto& exported : idle) {
-    (void)co_await exported->guard.async_deregister(asio::use_awaitable);
-    ++stats.exports_evicted;
-  }
-  co_return !idle.empty();
-}
 
 std::uint64_t Owner::State::publication_of(std::string_view name) const {
   auto it = publications.find(name);
@@ -73,7 +28,6 @@ bool Owner::State::covers(const Export& exported, const PublishedObject& object)
 }
 
 std::shared_ptr<Export> Owner::State::ready_export(const std::string& name, const PublishedObject& object) {
-  if (auto cached = cached_export(name); cached && covers(*cached, object)) return cached;
   if (auto it = exports.find(name); it != exports.end()) {
     if (auto shared = it->second.lock(); shared && covers(*shared, object)) return shared;
   }
@@ -96,30 +50,47 @@ asio::awaitable<Result<std::shared_ptr<Export>>> Owner::State::export_object(con
   co_return co_await register_export(name, object, cacheable);
 }
 
+RegistrationOptions Owner::State::export_options(const PublishedObject& object, bool cacheable) const {
+  if (!cacheable || !config.cache_exports) return RegistrationOptions{Caching::never, nullptr, nullptr};
+  // Kept in the registry's cache between leases, with the bytes it pins.
+  return RegistrationOptions{Caching::keep, object.keepalive,
+                             [evicted = exports_evicted] { evicted->fetch_add(1, std::memory_order_relaxed); }};
+}
+
 asio::awaitable<Result<std::shared_ptr<Export>>> Owner::State::register_export(const std::string& name,
                                                                                const PublishedObject& object,
                                                                                bool cacheable) {
   const auto publication = publication_of(name);
   // Registered read-only: peers may get from it, never put into it.
   std::span<std::byte> memory(const_cast<std::byte*>(object.bytes.data()), object.bytes.size());
-  auto guard = co_await registry->async_register(memory, Access::remote_read, asio::use_awaitable);
-  if (!guard && guard.error().is(errc::budget_exceeded) && co_await evict_idle_exports()) {
-    guard = co_await registry->async_register(memory, Access::remote_read, asio::use_awaitable);
+  auto options = export_options(object, cacheable);
+  const bool kept = options.caching == Caching::keep;
+  Result<RegionGuard> guard = kept ? registry->find_cached(memory, Access::remote_read)
+                                   : Error{errc::region_not_found};
+  if (!guard && guard.error().is(errc::region_not_found)) {
+    // The registry gives idle cached registrations back first when the budget needs room.
+    guard = co_await registry->async_register(memory, Access::remote_read, std::move(options), asio::use_awaitable);
+    if (guard) ++stats.exports_registered;
   }
   if (!guard) co_return std::move(guard).error();
   CORMA_CO_TRY(auto descriptor, describe(guard.value().remote()));
   auto exported = std::make_shared<Export>(std::move(guard).value(), std::move(descriptor), object.keepalive);
-  ++stats.exports_registered;
-  // Published again while this registered: the lease that asked reads
-  // these bytes, but later acquires must not.
   if (publication_of(name) == publication) {
     exports[name] = exported;
-    if (cacheable && config.cache_exports) {
-      forget_cached_export(name);
-      cache_export(name, exported);
-    }
+  } else if (kept) {
+    // Published again while this registered: the lease that asked reads
+    // these bytes, but later acquires must not find them cached.
+    registry->async_invalidate(memory, asio::detached);
   }
   co_return exported;
+}
+
+void Owner::State::forget_export(const std::string& name) {
+  exports.erase(name);
+  auto old = published.find(name);
+  if (old == published.end() || !config.cache_exports) return;
+  // Its cached registration is shared no more; idle, it is deregistered now.
+  registry->async_invalidate(old->second.bytes, asio::detached);
 }
 
 std::uint64_t Owner::State::window_length(const std::byte* start, std::uint64_t remaining, std::size_t sharers) const {
@@ -142,19 +113,18 @@ asio::awaitable<Result<std::shared_ptr<Export>>> Owner::State::export_window(con
   const std::uint64_t smallest = std::min<std::uint64_t>(std::max<std::uint64_t>(config.min_window, 1), remaining);
   for (;;) {
     std::span<std::byte> memory(const_cast<std::byte*>(object.bytes.data()) + offset, len);
-    auto guard = co_await registry->async_register(memory, Access::remote_read, asio::use_awaitable);
+    auto guard = co_await registry->async_register(memory, Access::remote_read,
+                                                   RegistrationOptions{Caching::never, nullptr, nullptr},
+                                                   asio::use_awaitable);
     if (guard) {
       CORMA_CO_TRY(auto descriptor, describe(guard.value().remote()));
       ++stats.windows;
       co_return std::make_shared<Export>(std::move(guard).value(), std::move(descriptor), object.keepalive);
     }
-    if (!guard.error().is(errc::budget_exceeded)) co_return std::move(guard).error();
-    if (co_await evict_idle_exports()) {
-      len = window_length(object.bytes.data() + offset, remaining, sharers);  // with the room given back
-      continue;
-    }
-    if (len <= smallest) co_return std::move(guard).error();
-    len = std::max(smallest, len / 2);
+    if (!guard.error().is(errc::budget_exceeded) || len <= smallest) co_return std::move(guard).error();
+    // The registry gave idle cached registrations back before it refused:
+    // what is left now, or half as much.
+    len = std::max(smallest, std::min(len / 2, window_length(object.bytes.data() + offset, remaining, sharers)));
   }
 }
 

@@ -16,6 +16,7 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -129,12 +130,12 @@ struct Owner::State : std::enable_shared_from_this<State> {
   /// Exports whose leases stop() dropped, kept (registered, bytes alive)
   /// until the Owner goes: see Owner::stop().
   std::vector<std::shared_ptr<Export>> retired;
+  /// The registration each name's leases read now. Between leases a
+  /// published object stays registered in the registry's cache
+  /// (config.cache_exports, Caching::keep), which also evicts it for room.
   std::map<std::string, std::weak_ptr<Export>, std::less<>> exports;
-  /// Published objects kept registered between leases (config.cache_exports),
-  /// least recently used first, and where each name is in that list.
-  using CachedExports = std::list<std::pair<std::string, std::shared_ptr<Export>>>;
-  CachedExports cached_exports;
-  std::unordered_map<std::string, CachedExports::iterator> cached_by_name;
+  /// Cached exports the registry let go for room (it may do so on any thread).
+  std::shared_ptr<std::atomic<std::uint64_t>> exports_evicted = std::make_shared<std::atomic<std::uint64_t>>(0);
   /// Registrations of objects under way, by name: an acquire of an object
   /// being registered waits for that registration instead of making its own
   /// (the timer never expires; it is cancelled when the registration ends).
@@ -275,21 +276,18 @@ struct Owner::State : std::enable_shared_from_this<State> {
 
   // ---- registrations, the export cache, windows (owner_exports.cpp) ----
 
-  std::shared_ptr<Export> cached_export(const std::string& name);
-
-  /// A registration of `object` that leases of `name` can read at once
-  /// (cached, or read by another lease now); null when there is none.
+  /// The registration of `object` that another lease of `name` reads now;
+  /// null when there is none.
   std::shared_ptr<Export> ready_export(const std::string& name, const PublishedObject& object);
 
-  void cache_export(const std::string& name, std::shared_ptr<Export> exported);
+  /// How an object's export is registered: kept in the registry's cache
+  /// (with its keepalive) when it is a published object and the config
+  /// says so, else registered for its leases alone.
+  RegistrationOptions export_options(const PublishedObject& object, bool cacheable) const;
 
-  void forget_cached_export(const std::string& name);
-
-  void forget_cached_exports();
-
-  /// Deregisters cached exports that no lease is reading; true if any went.
-  /// Awaited, so their bytes are back in the budget when this returns.
-  Awaitable<bool> evict_idle_exports();
+  /// `name` is published again or the owner stops: its current registration is
+  /// handed out no more, and its cached one is invalidated.
+  void forget_export(const std::string& name);
 
   std::uint64_t publication_of(std::string_view name) const;
 
@@ -316,8 +314,8 @@ struct Owner::State : std::enable_shared_from_this<State> {
     }
   };
 
-  /// The registration of `object` that leases of `name` read: the cached
-  /// or live one, or a new one (one at a time per name).
+  /// The registration of `object` that leases of `name` read: the live
+  /// one, a cached one, or a new one (one at a time per name).
   Awaitable<Result<std::shared_ptr<Export>>> export_object(const std::string& name, const PublishedObject& object,
                                                            bool cacheable);
 
@@ -335,7 +333,7 @@ struct Owner::State : std::enable_shared_from_this<State> {
 
   /// Registers the window of `object` starting at `offset` (read-only, for
   /// this lease alone): as long as window_length() says, shorter when that
-  /// does not fit (idle cached exports are given up first), down to
+  /// does not fit (the registry gives idle cached ones up first), down to
   /// min_window. `budget_exceeded` when not even that fits.
   Awaitable<Result<std::shared_ptr<Export>>> export_window(const PublishedObject& object, std::uint64_t offset,
                                                            std::size_t sharers);

@@ -345,6 +345,45 @@ TEST_F(Rendezvous, RepublishingANameServesTheNewBytes) {
   EXPECT_EQ(owner->stats().exports_registered, 2u);
 }
 
+TEST_F(Rendezvous, CachedExportsLiveInTheOwnersRegistryAndGoWhenRepublishedOrStopped) {
+  start_owner();
+  auto other = pattern(big.size(), 9);
+  owner->publish("other", corma::PublishedObject{other, nullptr});
+  corma::testing::run(io, [&]() -> asio::awaitable<void> {
+    auto consumer = (co_await connect(consumer_registry)).value();
+    for (const char* name : {"big", "other", "big", "other"}) {
+      auto fetched = co_await consumer->async_fetch(name);
+      EXPECT_EQ(fetched.value().path, Path::rdma) << name;
+    }
+  }());
+  EXPECT_EQ(owner->stats().exports_registered, 2u);
+  const auto charge = [&](const std::vector<std::byte>& object) {
+    return owner_registry->charge_for(object.data(), object.size());
+  };
+  auto stats = owner_registry->stats();
+  EXPECT_EQ(stats.registrations, 2u);
+  EXPECT_EQ(stats.cache_idle_bytes, charge(big) + charge(other)) << "no lease reads them: idle in the cache";
+
+  const auto released = [](const corma::DeregisteredEvent& event) {
+    return event.async_wait(asio::use_future).wait_for(std::chrono::seconds(5)) == std::future_status::ready;
+  };
+  auto big_event = owner_registry->find_cached(big, corma::Access::remote_read).value().deregistered();
+  auto other_event = owner_registry->find_cached(other, corma::Access::remote_read).value().deregistered();
+
+  // Published again: the old registration of "big" is cached no more.
+  owner->publish("big", corma::PublishedObject{big, nullptr});
+  EXPECT_EQ(owner_registry->stats().cache_idle_bytes, charge(other));
+  EXPECT_TRUE(owner_registry->find_cached(big, corma::Access::remote_read).error().is(errc::region_not_found));
+  EXPECT_TRUE(released(big_event));
+
+  // Stopped: nothing is lent again, so nothing stays registered for it.
+  owner->stop();
+  EXPECT_EQ(owner_registry->stats().cache_idle_bytes, 0u);
+  EXPECT_TRUE(released(other_event));
+  EXPECT_EQ(owner_registry->stats().regions, 0u);
+  EXPECT_EQ(owner->stats().exports_evicted, 0u) << "invalidation is not eviction";
+}
+
 TEST_F(Rendezvous, WithoutTheExportCacheEveryLeaseRegistersAgain) {
   corma::OwnerConfig config;
   config.cache_exports = false;

@@ -6,6 +6,8 @@
 #include "support/registry_fixture.hpp"
 
 #include <atomic>
+#include <future>
+#include <optional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -104,6 +106,82 @@ TEST_F(RegistrationCacheTest, TheBudgetTakesIdleRegistrationsBackBeforeItRefuses
   auto held = register_now(registry, pages(24, 2), Access::local).value();
   auto refused = register_now(registry, pages(28, 1), Access::local);
   EXPECT_TRUE(refused.error().is(errc::budget_exceeded));
+}
+
+TEST_F(RegistrationCacheTest, KeptRegistrationsAreCachedWithTheCacheOffAndOutliveTheIdleShare) {
+  Registry registry(backend, RegistryConfig{16 * page_size(), 0});  // cache_registrations off
+  const corma::RegistrationOptions keep{corma::Caching::keep, nullptr, nullptr};
+  auto kept = registry.async_register(pages(0, 2), Access::remote_read, keep, asio::use_future).get().value();
+  const auto id = kept.id();
+  kept = RegionGuard{};
+  EXPECT_EQ(registry.stats().cache_idle_bytes, 2 * page_size()) << "a kept one outlives the idle share (0 here)";
+  EXPECT_EQ(backend->live_registrations(), 1u);
+
+  auto found = registry.find_cached(pages(0, 2), Access::remote_read);
+  ASSERT_TRUE(found) << found.error().message();
+  EXPECT_EQ(found.value().id(), id);
+  EXPECT_EQ(registry.stats().cache_misses, 1u) << "the look-up that found it counted no miss";
+  EXPECT_TRUE(registry.find_cached(pages(8, 1), Access::local).error().is(errc::region_not_found));
+  EXPECT_EQ(registry.stats().cache_misses, 1u) << "a look-up that finds nothing is no miss";
+
+  // Without asking, a registration neither shares the cache nor joins it.
+  auto plain = register_now(registry, pages(0, 2)).value();
+  EXPECT_NE(plain.id(), id);
+  auto plain_event = plain.deregistered();
+  plain = RegionGuard{};
+  ASSERT_TRUE(wait_released(plain_event)) << "a plain registration was kept idle";
+  EXPECT_EQ(registry.stats().cache_idle_bytes, 0u) << "found holds the kept one";
+  EXPECT_EQ(backend->live_registrations(), 1u);
+}
+
+TEST_F(RegistrationCacheTest, CachingNeverRegistersAnewWithTheCacheOn) {
+  auto registry = make_cached(16);
+  auto cached = register_now(registry, pages(0, 1), Access::local).value();
+  const corma::RegistrationOptions never{corma::Caching::never, nullptr, nullptr};
+  auto apart = registry.async_register(pages(0, 1), Access::local, never, asio::use_future).get().value();
+  EXPECT_NE(apart.id(), cached.id());
+  auto event = apart.deregistered();
+  apart = RegionGuard{};
+  ASSERT_TRUE(wait_released(event)) << "not kept idle";
+  EXPECT_EQ(registry.stats().cache_hits, 0u);
+}
+
+TEST_F(RegistrationCacheTest, AKeptRegistrationHoldsItsKeepaliveUntilReleasedAndReportsItsEviction) {
+  Registry registry(backend, RegistryConfig{4 * page_size(), 0});
+  std::promise<void> let_go;
+  auto freed = let_go.get_future();
+  std::weak_ptr<const void> watched;
+  std::atomic<int> evicted{0};
+  std::optional<corma::DeregisteredEvent> event;
+  {
+    auto keepalive = std::shared_ptr<const void>(new int(0), [&let_go](const void* p) {
+      delete static_cast<const int*>(p);
+      let_go.set_value();
+    });
+    watched = keepalive;
+    corma::RegistrationOptions keep{corma::Caching::keep, std::move(keepalive), [&evicted] { ++evicted; }};
+    auto kept = registry.async_register(pages(0, 3), Access::remote_read, std::move(keep), asio::use_future).get();
+    event.emplace(kept.value().deregistered());
+  }
+  EXPECT_FALSE(watched.expired()) << "the bytes of an idle cached registration were let go";
+
+  // Invalidation is not eviction.
+  auto other = registry.async_register(pages(8, 1), Access::remote_read,
+                                       corma::RegistrationOptions{corma::Caching::keep, nullptr, [&evicted] {
+                                                                    evicted += 100;
+                                                                  }},
+                                       asio::use_future).get().value();
+  other = RegionGuard{};
+  ASSERT_TRUE(registry.async_invalidate(pages(8, 1), asio::use_future).get());
+  EXPECT_EQ(evicted.load(), 0);
+
+  // The budget needs the room: evicted, then its bytes let go.
+  auto fresh = register_now(registry, pages(16, 2));
+  ASSERT_TRUE(fresh) << fresh.error().message();
+  EXPECT_EQ(evicted.load(), 1);
+  EXPECT_EQ(registry.stats().cache_evictions, 1u);
+  ASSERT_TRUE(wait_released(*event));
+  ASSERT_EQ(freed.wait_for(std::chrono::seconds(5)), std::future_status::ready) << "the keepalive was kept";
 }
 
 TEST_F(RegistrationCacheTest, AGuardExposedToPeersSharesOnlyARegistrationOfExactlyItsBytes) {
