@@ -43,7 +43,7 @@ Result<void> Backend::Engine::start() {
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
   // Without trust, RMA is not even enabled: UCX then serves no emulated
   // get/put for anyone (see Config::trusted_peers).
-  params.features = UCP_FEATURE_WAKEUP | (rma ? UCP_FEATURE_RMA : UCP_FEATURE_AM);
+  params.features = UCP_FEATURE_WAKEUP | (rma ? UCP_FEATURE_RMA | UCP_FEATURE_AMO64 : UCP_FEATURE_AM);
   const auto init = ucp_init(&params, ucp_config, &context);
   ucp_config_release(ucp_config);
   if (init != UCS_OK) return ucs_error(errc::not_configured, "ucp_init", init);
@@ -173,7 +173,7 @@ Result<backend_kit::EngineCore::Registration> Backend::Engine::provider_map(void
       ucp_mem_unmap(context, memh);
       return ucs_error(errc::backend, "ucp_rkey_pack", st);
     }
-    key = wire::encode_key(reinterpret_cast<std::uint64_t>(ptr), len,
+    key = wire::encode_key(reinterpret_cast<std::uint64_t>(ptr), len, access,
                            {static_cast<const std::byte*>(rkey), rkey_size});
     ucp_rkey_buffer_release(rkey);
   }
@@ -191,6 +191,16 @@ Result<void> Backend::Engine::provider_unmap(void* handle) {
 
 namespace {
 
+const char* provider_call(backend_kit::TransferKind kind) {
+  switch (kind) {
+    case backend_kit::TransferKind::get: return "ucp_get_nbx";
+    case backend_kit::TransferKind::put: return "ucp_put_nbx";
+    case backend_kit::TransferKind::atomic: return "ucp_atomic_op_nbx";
+    case backend_kit::TransferKind::flush: return "ucp_ep_flush_nbx";
+  }
+  return "ucp";
+}
+
 Result<void> inside_key(const TransferRequest& req, std::uint64_t key_addr, std::uint64_t key_len) {
   if (req.remote_addr < key_addr) return fail(errc::out_of_range, "remote address below the key's range");
   return validate_slice(req.remote_addr - key_addr, req.len, key_len);
@@ -204,17 +214,23 @@ Result<SharedRemoteKey> Backend::Engine::unpack_key(const PackedKey& packed, Pee
   if (auto st = ucp_ep_rkey_unpack(peer.ep, decoded.rkey.data(), &rkey); st != UCS_OK) {
     return ucs_error(errc::invalid_key, "ucp_ep_rkey_unpack", st);
   }
-  return std::make_shared<const RemoteKey>(rkey, decoded.addr, decoded.len);
+  return std::make_shared<const RemoteKey>(rkey, decoded.addr, decoded.len, decoded.access);
 }
 
 Result<SharedRemoteKey> Backend::Engine::remote_key(const TransferRequest& req, Peer& peer) {
+  CORMA_TRY(auto key, find_key(req.key, peer));
+  CORMA_TRY(inside_key(req, key->addr(), key->len()));
+  return key;
+}
+
+Result<SharedRemoteKey> Backend::Engine::find_key(const TransferKey& named, Peer& peer) {
   SharedRemoteKey key;
-  if (const auto* id = std::get_if<RemoteKeyId>(&req.key)) {
+  if (const auto* id = std::get_if<RemoteKeyId>(&named)) {
     auto imported = peer.imported.find(*id);
     if (imported == peer.imported.end()) return fail(errc::invalid_key, "no key imported under that id for this peer");
     key = imported->second;
   } else {
-    const auto& packed = std::get<PackedKey>(req.key);
+    const auto& packed = std::get<PackedKey>(named);
     if (auto cached = peer.keys.find(packed); cached != peer.keys.end()) {
       key = cached->second;
     } else {
@@ -223,8 +239,35 @@ Result<SharedRemoteKey> Backend::Engine::remote_key(const TransferRequest& req, 
       if (peer.keys.size() < max_cached_keys) peer.keys.emplace(packed, key);
     }
   }
-  CORMA_TRY(inside_key(req, key->addr(), key->len()));
   return key;
+}
+
+Result<Backend::Engine::Peer*> Backend::Engine::initiator_peer(const UcxTransferOp& op) {
+  if (op.cancelled.load(std::memory_order_acquire)) {
+    return fail(errc::cancelled, std::string(backend_kit::kind_name(op.kind)) + " cancelled before it ran");
+  }
+  if (closed()) return shut_down_error();
+  auto peer = peers.find(op.request.peer);
+  if (peer == peers.end()) return fail(errc::peer_unreachable, "unknown peer");
+  if (peer->second.broken) return fail(errc::peer_unreachable, "peer is broken");
+  if (peer->second.reader) return fail(errc::not_configured, "peer accepted read-only: the reader connects");
+  if (peer->second.ep == nullptr) return fail(errc::peer_unreachable, "peer set-up is not complete");
+  if (!rma) return fail(errc::not_configured, "RMA over software-emulated tcp needs trusted_peers");
+  return &peer->second;
+}
+
+ucp_request_param_t Backend::Engine::callback_param(UcxTransferOp& op) {
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  param.cb.send = &Engine::on_transfer_done;
+  param.user_data = &op;
+  op.finished = &finished;
+  return param;
+}
+
+void Backend::Engine::issued(const UcxTransferOp& op, ucs_status_ptr_t handle) {
+  if (UCS_PTR_IS_ERR(handle)) return finish_transfer(op.id, UCS_PTR_STATUS(handle));
+  if (handle == nullptr) return finish_transfer(op.id, UCS_OK);
 }
 
 void Backend::Engine::run_transfer(const std::shared_ptr<UcxTransferOp>& op) {
@@ -233,32 +276,65 @@ void Backend::Engine::run_transfer(const std::shared_ptr<UcxTransferOp>& op) {
   }
   auto region = admit_local(op->request);
   if (!region) return answer(*op, std::move(region).error());
+  auto peer = initiator_peer(*op);
+  if (!peer) return answer(*op, std::move(peer).error());
   const auto& req = op->request;
-  auto peer = peers.find(req.peer);
-  if (peer == peers.end()) return answer(*op, fail(errc::peer_unreachable, "unknown peer"));
-  if (peer->second.broken) return answer(*op, fail(errc::peer_unreachable, "peer is broken"));
-  if (peer->second.reader) {
-    return answer(*op, fail(errc::not_configured, "peer accepted read-only: the reader connects"));
-  }
-  if (peer->second.ep == nullptr) return answer(*op, fail(errc::peer_unreachable, "peer set-up is not complete"));
-  if (!rma) return answer(*op, fail(errc::not_configured, "RMA over software-emulated tcp needs trusted_peers"));
-  auto key = remote_key(req, peer->second);
+  auto key = remote_key(req, *peer.value());
   if (!key) return answer(*op, std::move(key).error());
   op->key = std::move(key).value();
-  op->finished = &finished;
   track(op, *region.value());
-  peer->second.wire_up_started = true;
+  peer.value()->wire_up_started = true;
 
-  ucp_request_param_t param{};
-  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-  param.cb.send = &Engine::on_transfer_done;
-  param.user_data = op.get();
+  auto param = callback_param(*op);
   std::byte* local = region.value()->addr + req.local_offset;
-  ucp_ep_h ep = peer->second.ep;
-  if (op->is_put) return issue_put(op, ep, local);
-  ucs_status_ptr_t handle = ucp_get_nbx(ep, local, req.len, req.remote_addr, op->key->handle(), &param);
-  if (UCS_PTR_IS_ERR(handle)) return finish_transfer(op->id, UCS_PTR_STATUS(handle));
-  if (handle == nullptr) return finish_transfer(op->id, UCS_OK);
+  ucp_ep_h ep = peer.value()->ep;
+  if (op->kind == backend_kit::TransferKind::put) return issue_put(op, ep, local);
+  issued(*op, ucp_get_nbx(ep, local, req.len, req.remote_addr, op->key->handle(), &param));
+}
+
+void Backend::Engine::run_atomic(const std::shared_ptr<UcxTransferOp>& op) {
+  auto peer = initiator_peer(*op);
+  if (!peer) return answer(*op, std::move(peer).error());
+  auto& atomic = op->atomic;
+  auto key = find_key(atomic.key, *peer.value());
+  if (!key) return answer(*op, std::move(key).error());
+  const auto& remote = *key.value();
+  if (auto word = validate_atomic_word(atomic.remote_addr, remote.addr(), remote.len(), remote.access()); !word) {
+    return answer(*op, std::move(word).error());
+  }
+  op->key = std::move(key).value();
+  track(op);
+  peer.value()->wire_up_started = true;
+
+  auto param = callback_param(*op);
+  param.op_attr_mask |= UCP_OP_ATTR_FIELD_DATATYPE;
+  param.datatype = ucp_dt_make_contig(atomic_word_size);
+  // UCX's operand is `buffer`; what comes back lands in the reply buffer,
+  // which for a compare-and-swap carries the value to store on the way in.
+  // Every atomic asks for a reply, `add` too (into a slot nobody reads): an
+  // atomic without one completes when it leaves, not when it is applied.
+  ucp_atomic_op_t opcode = UCP_ATOMIC_OP_ADD;
+  const std::uint64_t* buffer = &atomic.operand;
+  param.op_attr_mask |= UCP_OP_ATTR_FIELD_REPLY_BUFFER;
+  param.reply_buffer = atomic.op == AtomicOp::add ? &op->unread_reply : &op->fetched;
+  if (atomic.op == AtomicOp::swap) opcode = UCP_ATOMIC_OP_SWAP;
+  if (atomic.op == AtomicOp::compare_swap) {
+    opcode = UCP_ATOMIC_OP_CSWAP;
+    op->fetched = atomic.operand;
+    buffer = &atomic.compare;
+  }
+  issued(*op, ucp_atomic_op_nbx(peer.value()->ep, opcode, buffer, 1, atomic.remote_addr, op->key->handle(), &param));
+}
+
+void Backend::Engine::run_flush(const std::shared_ptr<UcxTransferOp>& op) {
+  auto peer = initiator_peer(*op);
+  if (!peer) return answer(*op, std::move(peer).error());
+  // The puts of this turn are flushed first; the endpoint flush behind them
+  // completes after every operation issued on the endpoint before it.
+  flush_puts();
+  track(op);
+  auto param = callback_param(*op);
+  issued(*op, ucp_ep_flush_nbx(peer.value()->ep, &param));
 }
 
 void Backend::Engine::forget_keys(Peer& peer) {
@@ -319,7 +395,7 @@ void Backend::Engine::finish_transfer(std::uint64_t id, ucs_status_t status) {
     auto peer = peers.find(op.request.peer);
     const bool broken = peer == peers.end() || peer->second.broken;
     answer(op, ucs_error(broken ? errc::peer_unreachable : errc::backend,
-                         op.is_put ? "ucp_put_nbx" : "ucp_get_nbx", status));
+                         provider_call(op.kind), status));
   }
   unpin(op.request.local);
 }
@@ -375,7 +451,7 @@ void Backend::Engine::strand_transfers_of(PeerId id, Peer& peer) {
   for (auto transfer_id : transfers_where([id](const UcxTransferOp& op) { return op.request.peer == id; })) {
     auto op = untrack(transfer_id);
     answer(*op, provider_error(errc::peer_unreachable,
-                               std::string(op->is_put ? "put" : "get") +
+                               std::string(backend_kit::kind_name(op->kind)) +
                                    " given up with its peer: without peer error handling it cannot be ended, "
                                    "and its local region stays registered until it is"));
     stranded.emplace(transfer_id, std::move(op));

@@ -30,6 +30,7 @@ using backend_kit::VoidOp;
 struct UcxTransferOp : TransferOp {
   SharedRemoteKey key;  ///< held until UCX is done with the transfer
   ucs_status_t status = UCS_OK;
+  std::uint64_t unread_reply = 0;  ///< where an `add`'s old value lands, unread
   std::vector<std::uint64_t>* finished = nullptr;  // the engine's completion list
 };
 
@@ -70,6 +71,8 @@ struct Backend::Engine final : backend_kit::TransferEngine<UcxTransferOp> {
   Result<Registration> provider_map(void* ptr, std::size_t len, Access access) override;
   Result<void> provider_unmap(void* handle) override;
   void run_transfer(const std::shared_ptr<UcxTransferOp>& op) override;
+  void run_atomic(const std::shared_ptr<UcxTransferOp>& op) override;
+  void run_flush(const std::shared_ptr<UcxTransferOp>& op) override;
   void on_transfer_deadline(UcxTransferOp& op) override;
   void run_import_key(const std::shared_ptr<ValueOp<RemoteKeyId>>& op) override;
   void run_release_key(const std::shared_ptr<VoidOp>& op, RemoteKeyId key) override;
@@ -89,6 +92,15 @@ struct Backend::Engine final : backend_kit::TransferEngine<UcxTransferOp> {
   /// The transfer's key (imported, or cached per peer), its remote range
   /// checked.
   Result<SharedRemoteKey> remote_key(const TransferRequest& request, Peer& peer);
+  /// The key a transfer or atomic names: imported, or cached per peer.
+  Result<SharedRemoteKey> find_key(const TransferKey& named, Peer& peer);
+  /// The peer `op` goes to, if it may: not cancelled, open, a complete
+  /// initiator endpoint, RMA enabled.
+  Result<Peer*> initiator_peer(const UcxTransferOp& op);
+  /// UCX request parameters that complete `op` through on_transfer_done.
+  ucp_request_param_t callback_param(UcxTransferOp& op);
+  /// What UCX answered issuing tracked `op`: finished now, or later.
+  void issued(const UcxTransferOp& op, ucs_status_ptr_t handle);
   /// Validates a packed key and unpacks it for `peer`'s endpoint.
   Result<SharedRemoteKey> unpack_key(const PackedKey& packed, Peer& peer);
   void finish_transfer(std::uint64_t id, ucs_status_t status);

@@ -5,6 +5,8 @@
 // still use it, with no counts or ownership flags kept beside it.
 #pragma once
 
+#include <corma/backend.hpp>
+
 #include <ucp/api/ucp.h>
 
 #include <cstdint>
@@ -14,8 +16,10 @@ namespace corma::ucx {
 
 class RemoteKey {
  public:
-  /// Takes `rkey` (from ucp_ep_rkey_unpack), which reaches [addr, addr + len).
-  RemoteKey(ucp_rkey_h rkey, std::uint64_t addr, std::uint64_t len) noexcept : rkey_(rkey), addr_(addr), len_(len) {}
+  /// Takes `rkey` (from ucp_ep_rkey_unpack), which reaches [addr, addr + len)
+  /// registered with `access`.
+  RemoteKey(ucp_rkey_h rkey, std::uint64_t addr, std::uint64_t len, Access access) noexcept
+      : rkey_(rkey), addr_(addr), len_(len), access_(access) {}
   RemoteKey(const RemoteKey&) = delete;
   RemoteKey& operator=(const RemoteKey&) = delete;
   /// Runs on the progress thread, before the worker goes (the engine drops
@@ -25,11 +29,13 @@ class RemoteKey {
   [[nodiscard]] ucp_rkey_h handle() const noexcept { return rkey_; }
   [[nodiscard]] std::uint64_t addr() const noexcept { return addr_; }
   [[nodiscard]] std::uint64_t len() const noexcept { return len_; }
+  [[nodiscard]] Access access() const noexcept { return access_; }
 
  private:
   ucp_rkey_h rkey_;
   std::uint64_t addr_;
   std::uint64_t len_;
+  Access access_;
 };
 
 using SharedRemoteKey = std::shared_ptr<const RemoteKey>;

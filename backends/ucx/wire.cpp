@@ -12,18 +12,18 @@ namespace {
 using corma::wire::Reader;
 using corma::wire::Writer;
 
-constexpr std::uint32_t key_magic = 0x314b5543;      // "CUK1" in memory order
+constexpr std::uint32_t key_magic = 0x324b5543;      // "CUK2" in memory order
 constexpr std::uint32_t address_magic = 0x31415543;  // "CUA1" in memory order
 constexpr std::uint32_t offer_magic = 0x314f5543;    // "CUO1" in memory order
 constexpr std::uint8_t offer_version = 1;
 constexpr std::size_t offer_size = 5;                // magic, version
-constexpr std::size_t key_header = 32;               // magic, rkey length, addr, len, checksum
+constexpr std::size_t key_header = 40;               // magic, rkey length, addr, len, access, checksum
 constexpr std::size_t address_header = 8;            // magic, length
 constexpr std::size_t padding = 4096;
 constexpr std::size_t min_rkey = 9;                  // md_map + memory type
 
-/// Over the record's range fields (addr and len, little-endian, as they lie in
-/// the key) and then the rkey.
+/// Over the record's covered fields (addr, len and access, little-endian, as
+/// they lie in the key) and then the rkey.
 std::uint64_t checksum(std::span<const std::byte> range_fields, std::span<const std::byte> rkey) {
   return corma::wire::fnv1a(rkey, corma::wire::fnv1a(range_fields));
 }
@@ -34,12 +34,19 @@ std::vector<std::byte> padded_copy(std::span<const std::byte> bytes) {
   return copy;
 }
 
+bool exposed_access(std::uint64_t value) {
+  return value == static_cast<std::uint64_t>(Access::remote_read) ||
+         value == static_cast<std::uint64_t>(Access::remote_read_write) ||
+         value == static_cast<std::uint64_t>(Access::remote_atomic);
+}
+
 }  // namespace
 
-PackedKey encode_key(std::uint64_t addr, std::uint64_t len, std::span<const std::byte> rkey) {
-  Writer range(16);
+PackedKey encode_key(std::uint64_t addr, std::uint64_t len, Access access, std::span<const std::byte> rkey) {
+  Writer range(24);
   range.u64(addr);
   range.u64(len);
+  range.u64(static_cast<std::uint64_t>(access));
   const auto range_fields = std::move(range).take();
 
   Writer out(key_header + rkey.size());
@@ -81,15 +88,18 @@ Result<RemoteKey> decode_key(const PackedKey& key, std::uint64_t local_md_map) {
   CORMA_TRY(auto rkey_size, in.u32("rkey length"));
   CORMA_TRY(remote.addr, in.u64("addr"));
   CORMA_TRY(remote.len, in.u64("len"));
+  CORMA_TRY(auto access, in.u64("access"));
   CORMA_TRY(auto sum, in.u64("checksum"));
   if (magic != key_magic) return fail(errc::invalid_key, "not a UCX packed key");
   if (rkey_size != in.remaining()) {
     return fail(errc::invalid_key, "packed key length disagrees with its bytes");
   }
   const auto rkey = std::span<const std::byte>(key).subspan(key_header);
-  if (sum != checksum(std::span<const std::byte>(key).subspan(8, 16), rkey)) {
+  if (sum != checksum(std::span<const std::byte>(key).subspan(8, 24), rkey)) {
     return fail(errc::invalid_key, "packed key checksum mismatch");
   }
+  if (!exposed_access(access)) return fail(errc::invalid_key, "packed key names no remote access");
+  remote.access = static_cast<Access>(access);
   if (remote.len == 0 || remote.addr + remote.len < remote.addr) {
     return fail(errc::invalid_key, "packed key describes an impossible range");
   }

@@ -20,13 +20,15 @@ namespace corma::ucx::wire {
 struct RemoteKey {
   std::uint64_t addr = 0;
   std::uint64_t len = 0;
+  Access access = Access::remote_read;  ///< what the owner registered it for
   std::vector<std::byte> rkey;  ///< rkey bytes followed by zero padding
   std::size_t rkey_size = 0;    ///< the rkey's own length
   std::uint64_t md_map = 0;
 };
 
-/// Wraps UCX's rkey buffer with the registered range and a checksum.
-[[nodiscard]] PackedKey encode_key(std::uint64_t addr, std::uint64_t len,
+/// Wraps UCX's rkey buffer with the registered range, its access and a
+/// checksum.
+[[nodiscard]] PackedKey encode_key(std::uint64_t addr, std::uint64_t len, Access access,
                                    std::span<const std::byte> rkey);
 
 /// Refuses anything that is not exactly what encode_key produced with a

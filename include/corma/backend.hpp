@@ -39,7 +39,17 @@ enum class Access : std::uint8_t {
   local = 0,              ///< not exposed to peers
   remote_read = 1,        ///< peers may get from it
   remote_read_write = 3,  ///< peers may get from and put into it
+  /// peers may also apply atomics (RdmaBackend::async_atomic) to its
+  /// 8-byte-aligned words
+  remote_atomic = 7,
 };
+
+/// Whether a region registered with `granted` allows what `wanted` asks.
+[[nodiscard]] constexpr bool access_allows(Access granted, Access wanted) noexcept {
+  const auto have = static_cast<unsigned>(granted);
+  const auto want = static_cast<unsigned>(wanted);
+  return (have & want) == want;
+}
 
 /// Opaque bytes a peer needs to reach a region (a UCX rkey buffer, a verbs
 /// rkey record...). Only the backend that produced them can interpret them.
@@ -106,6 +116,31 @@ struct BatchOutcome {
   std::vector<BatchFailure> failures;  ///< in index order
   [[nodiscard]] bool all_succeeded() const noexcept { return failures.empty(); }
 };
+
+/// A 64-bit atomic on a peer's word. Every one answers the word's value
+/// before it (for `add`, which fetches nothing, 0).
+enum class AtomicOp : std::uint8_t {
+  add,           ///< word += operand
+  fetch_add,     ///< word += operand
+  compare_swap,  ///< word = operand if word == compare
+  swap,          ///< word = operand
+};
+
+/// One atomic on the 8-byte-aligned word at the peer's `remote_addr`, inside
+/// a region the peer registered with Access::remote_atomic. Atomics are
+/// atomic with respect to each other on that word (and to the provider's own
+/// transfers where it says so: docs/backends.md), in the word's host order.
+struct AtomicRequest {
+  PeerId peer{};
+  AtomicOp op = AtomicOp::fetch_add;
+  std::uint64_t remote_addr = 0;
+  std::uint64_t operand = 0;  ///< added, or stored
+  std::uint64_t compare = 0;  ///< compare_swap only
+  TransferKey key;
+};
+
+/// The size and alignment of an atomic's word.
+inline constexpr std::uint64_t atomic_word_size = 8;
 
 /// The initiator's half of peer set-up: a pending peer and the bytes to send.
 struct PeerOffer {
@@ -214,6 +249,29 @@ class RdmaBackend {
         std::move(batch));
   }
 
+  /// A 64-bit atomic on a peer's word (AtomicRequest), answered with the
+  /// word's old value. Refused before the provider sees it: a misaligned
+  /// word (`out_of_range`), a word outside the key's region
+  /// (`out_of_range`), a region without Access::remote_atomic
+  /// (`not_owned`). A provider without atomics answers `not_configured`.
+  /// Only a `terminal` cancellation is honoured: the atomic may still apply.
+  template <asio::completion_token_for<void(Result<std::uint64_t>)> Token>
+  auto async_atomic(AtomicRequest request, Token&& token) {
+    return asio::async_initiate<Token, void(Result<std::uint64_t>)>(
+        [this](auto handler, AtomicRequest r) { do_atomic(std::move(r), std::move(handler)); }, token,
+        std::move(request));
+  }
+
+  /// Completes once every put to `peer` issued before it is complete at the
+  /// target (its bytes are there for the target to read). Answered on peer
+  /// loss and shutdown like a transfer; only a `terminal` cancellation is
+  /// honoured (the flush goes on, unanswered).
+  template <asio::completion_token_for<void(Result<void>)> Token>
+  auto async_flush(PeerId peer, Token&& token) {
+    return asio::async_initiate<Token, void(Result<void>)>(
+        [this](auto handler, PeerId p) { do_flush(p, std::move(handler)); }, token, peer);
+  }
+
   /// Imports a peer's packed key: checked and unpacked once (`invalid_key`,
   /// `peer_unreachable` as a transfer would be answered), then named by
   /// transfers to that peer instead of their packed bytes. A key lives until
@@ -286,6 +344,8 @@ class RdmaBackend {
   virtual void do_put(PutRequest request, Handler<void> h) = 0;
   virtual void do_get_batch(TransferBatch batch, Handler<BatchOutcome> h) = 0;
   virtual void do_put_batch(TransferBatch batch, Handler<BatchOutcome> h) = 0;
+  virtual void do_atomic(AtomicRequest request, Handler<std::uint64_t> h) = 0;
+  virtual void do_flush(PeerId peer, Handler<void> h) = 0;
   virtual void do_import_key(PeerId peer, PackedKey packed_key, Handler<RemoteKeyId> h) = 0;
   virtual void do_release_key(RemoteKeyId key, Handler<void> h) = 0;
   virtual void do_peer_offer(Handler<PeerOffer> h) = 0;
@@ -298,6 +358,13 @@ class RdmaBackend {
 /// Checks a local range before anything reaches a provider: non-null,
 /// non-empty, and `ptr + len` not wrapping around.
 [[nodiscard]] Result<void> validate_range(const void* ptr, std::size_t len);
+
+/// Checks an atomic's word against the region a key names, before any
+/// provider sees it: 8-byte aligned (`out_of_range`), inside
+/// [region_addr, region_addr + region_len) (`out_of_range`), the region
+/// registered with Access::remote_atomic (`not_owned`).
+[[nodiscard]] Result<void> validate_atomic_word(std::uint64_t remote_addr, std::uint64_t region_addr,
+                                                std::uint64_t region_len, Access region_access);
 
 /// Checks a batch's length against max_batch_size.
 [[nodiscard]] Result<void> validate_batch_size(std::size_t size);

@@ -34,6 +34,10 @@ void EngineBackend::do_get_batch(TransferBatch batch, Handler<BatchOutcome> h) {
 void EngineBackend::do_put_batch(TransferBatch batch, Handler<BatchOutcome> h) {
   core_->initiate_batch(true, std::move(batch), std::move(h));
 }
+void EngineBackend::do_atomic(AtomicRequest request, Handler<std::uint64_t> h) {
+  core_->initiate_atomic(std::move(request), std::move(h));
+}
+void EngineBackend::do_flush(PeerId peer, Handler<void> h) { core_->initiate_flush(peer, std::move(h)); }
 void EngineBackend::do_import_key(PeerId peer, PackedKey packed_key, Handler<RemoteKeyId> h) {
   initiate_import_key(*core_, peer, std::move(packed_key), std::move(h));
 }

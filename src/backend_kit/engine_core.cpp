@@ -263,8 +263,8 @@ Result<EngineCore::Region*> EngineCore::admit_local(const TransferRequest& reque
   return &region->second;
 }
 
-void EngineCore::note_transfer_started(Region& region) {
-  ++region.transfers;
+void EngineCore::note_transfer_started(Region* region) {
+  if (region != nullptr) ++region->transfers;
   in_flight_.fetch_add(1, std::memory_order_acq_rel);
   arm_deadline_sweep();
 }

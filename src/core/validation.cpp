@@ -26,6 +26,19 @@ Result<void> validate_slice(std::uint64_t offset, std::uint64_t len, std::uint64
   return success();
 }
 
+Result<void> validate_atomic_word(std::uint64_t remote_addr, std::uint64_t region_addr, std::uint64_t region_len,
+                                  Access region_access) {
+  if (remote_addr % atomic_word_size != 0) {
+    return fail(errc::out_of_range, "an atomic's word must be 8-byte aligned");
+  }
+  if (remote_addr < region_addr) return fail(errc::out_of_range, "the atomic's word is below the key's region");
+  CORMA_TRY(validate_slice(remote_addr - region_addr, atomic_word_size, region_len));
+  if (!access_allows(region_access, Access::remote_atomic)) {
+    return fail(errc::not_owned, "the region is not registered for remote atomics");
+  }
+  return success();
+}
+
 Result<void> validate_batch_size(std::size_t size) {
   if (size > max_batch_size) {
     return fail(errc::out_of_range, "batch of " + std::to_string(size) + " transfers is longer than " +

@@ -9,6 +9,7 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
@@ -37,11 +38,12 @@ Fabric& fabric() {
 }
 std::atomic<std::uint64_t> next_instance{1};
 
-/// The packed key: which backend and region, and the bytes it covers.
+/// The packed key: which backend and region, the bytes it covers and what
+/// it was registered for.
 struct KeyRecord {
   static constexpr std::uint32_t magic_value = 0x314b5443;  // "CTK1"
   std::uint32_t magic = magic_value;
-  std::uint32_t reserved = 0;
+  std::uint32_t access = 0;  ///< the region's Access
   std::uint64_t instance = 0;
   std::uint64_t region = 0;
   std::uint64_t addr = 0;
@@ -58,7 +60,11 @@ Result<KeyRecord> unpack(const PackedKey& key) {
   if (key.size() != sizeof(KeyRecord)) return fail(errc::invalid_key, "packed key has the wrong size");
   KeyRecord record;
   std::memcpy(&record, key.data(), sizeof record);
-  if (record.magic != KeyRecord::magic_value || record.reserved != 0) {
+  const bool known_access = record.access == static_cast<std::uint32_t>(Access::local) ||
+                            record.access == static_cast<std::uint32_t>(Access::remote_read) ||
+                            record.access == static_cast<std::uint32_t>(Access::remote_read_write) ||
+                            record.access == static_cast<std::uint32_t>(Access::remote_atomic);
+  if (record.magic != KeyRecord::magic_value || !known_access) {
     return fail(errc::invalid_key, "packed key is not a test-backend key");
   }
   return record;
@@ -121,25 +127,39 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
     Completion<void(Result<void>)> completion;
     std::shared_ptr<BatchTally> batch;
     std::size_t batch_index = 0;
+    Completion<void(Result<std::uint64_t>)> value_completion;  ///< an atomic's caller
+    std::uint64_t fetched = 0;                                 ///< an atomic's old value
 
-    [[nodiscard]] explicit operator bool() const noexcept { return completion || batch; }
+    [[nodiscard]] explicit operator bool() const noexcept { return completion || batch || value_completion; }
     void deliver(Result<void> outcome) {
       if (batch) {
         batch->element_done(batch_index, std::move(outcome));
       } else if (completion) {
         completion.dispatch(std::move(outcome));
+      } else if (value_completion) {
+        if (!outcome) return value_completion.dispatch(std::move(outcome).error());
+        value_completion.dispatch(fetched);
       }
     }
   };
+  enum class Kind : std::uint8_t { get, put, atomic, flush };
+  /// A get, put, atomic or flush (which names no local region, and waits
+  /// for the puts to its peer admitted before it).
   struct TransferOp {
     TransferAnswer answer;
-    bool is_put = false;
-    TransferRequest request;
+    Kind kind = Kind::get;
+    TransferRequest request;  ///< an atomic's or flush's: only `peer`
+    AtomicRequest atomic;
     KeyRecord key;
     std::unique_ptr<asio::steady_timer> timer;
+    /// Set by the cancellation handler on the emitting thread, before it
+    /// posts: an op that has not run yet answers `cancelled` and never runs.
+    std::atomic<bool> cancel_requested{false};
+    bool admitted = false;  ///< checked and handed to the "provider" (mutex held)
 
     /// The answer, once (the mutex held).
     TransferAnswer take_answer() { return std::exchange(answer, TransferAnswer{}); }
+    [[nodiscard]] bool local() const noexcept { return kind == Kind::get || kind == Kind::put; }
   };
 
   const std::uint64_t instance = next_instance++;
@@ -162,6 +182,7 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
   std::map<PeerId, Peer> peers;
   std::map<std::uint64_t, std::shared_ptr<MapOp>> maps;           // not yet answered
   std::map<std::uint64_t, std::shared_ptr<TransferOp>> transfers;  // not yet finished
+  std::vector<std::uint64_t> flushes_waiting;                       // for earlier puts to end
   std::size_t held_count = 0;
   std::size_t cancelled_transfers = 0;
   std::size_t handed_off = 0;
@@ -249,7 +270,7 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
     const RegionId id = *op->mapped;
     const auto& region = regions.at(id);
     BackendRegion result{id, reinterpret_cast<std::uint64_t>(region.addr), region.len,
-                         pack(KeyRecord{KeyRecord::magic_value, 0, instance,
+                         pack(KeyRecord{KeyRecord::magic_value, static_cast<std::uint32_t>(region.access), instance,
                                         static_cast<std::uint64_t>(id),
                                         reinterpret_cast<std::uint64_t>(region.addr), region.len})};
     lock.unlock();
@@ -384,6 +405,15 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
   Result<void> admit_transfer(TransferOp& op) {
     const auto& req = op.request;
     if (shut_down) return fail(errc::shutting_down, "backend shut down");
+    if (op.kind == Kind::flush) {
+      CORMA_TRY(connected_peer(req.peer));
+      return success();
+    }
+    if (op.kind == Kind::atomic) {
+      CORMA_TRY(auto* peer, connected_peer(req.peer));
+      CORMA_TRY(op.key, find_key(*peer, op.atomic.key));
+      return validate_atomic_word(op.atomic.remote_addr, op.key.addr, op.key.len, static_cast<Access>(op.key.access));
+    }
     if (req.len == 0) return fail(errc::out_of_range, "zero-length transfer");
     auto local = regions.find(req.local);
     if (local == regions.end() || local->second.unmapping) {
@@ -391,17 +421,21 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
     }
     CORMA_TRY(validate_slice(req.local_offset, req.len, local->second.len));
     CORMA_TRY(auto* peer, connected_peer(req.peer));
-    if (const auto* id = std::get_if<RemoteKeyId>(&req.key)) {
-      auto imported = peer->imported.find(*id);
-      if (imported == peer->imported.end()) return fail(errc::invalid_key, "no key imported under that id for this peer");
-      op.key = imported->second;
-    } else {
-      CORMA_TRY(op.key, unpack_for(*peer, std::get<PackedKey>(req.key)));
-    }
+    CORMA_TRY(op.key, find_key(*peer, req.key));
     if (req.remote_addr < op.key.addr) return fail(errc::out_of_range, "remote address below the key's range");
     CORMA_TRY(validate_slice(req.remote_addr - op.key.addr, req.len, op.key.len));
     ++local->second.transfers;
     return success();
+  }
+
+  /// The key a transfer names: imported for `peer`, or packed (mutex held).
+  static Result<KeyRecord> find_key(const Peer& peer, const TransferKey& named) {
+    if (const auto* id = std::get_if<RemoteKeyId>(&named)) {
+      auto imported = peer.imported.find(*id);
+      if (imported == peer.imported.end()) return fail(errc::invalid_key, "no key imported under that id for this peer");
+      return imported->second;
+    }
+    return unpack_for(peer, std::get<PackedKey>(named));
   }
 
   /// A peer transfers and imports may use (the mutex held).
@@ -448,7 +482,9 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
   void run_transfer(std::uint64_t op_id) {
     std::unique_lock lock(mutex);
     auto op = transfers.at(op_id);
-    if (auto admitted = admit_transfer(*op); !admitted) {
+    Result<void> admitted = op->cancel_requested.load() ? Result<void>(fail(errc::cancelled, "cancelled before it ran"))
+                                                        : admit_transfer(*op);
+    if (!admitted) {
       transfers.erase(op_id);
       changed.notify_all();
       const bool drained = last_to_drain();
@@ -458,7 +494,13 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
       if (drained) finish_shutdown();
       return;
     }
+    op->admitted = true;
     changed.notify_all();
+    if (op->kind == Kind::flush) {
+      if (puts_before(op_id, op->request.peer)) return flushes_waiting.push_back(op_id);
+      lock.unlock();
+      return finish_transfer(op_id, success());
+    }
     if (holding_transfers) {
       held_transfers.push_back(op_id);
       return;
@@ -474,9 +516,41 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
     execute_transfer(op_id);
   }
 
-  /// Moves the bytes under the target's lock, as a NIC checks the rkey
-  /// against the target's live registrations.
-  Result<void> copy_bytes(const TransferOp& op, std::byte* local) {
+  /// Transfers admitted and not yet finished (mutex held).
+  [[nodiscard]] std::size_t admitted_transfers() const {
+    return static_cast<std::size_t>(
+        std::count_if(transfers.begin(), transfers.end(), [](const auto& entry) { return entry.second->admitted; }));
+  }
+
+  /// Whether a put to `peer` admitted before `op_id` is still in flight (mutex held).
+  [[nodiscard]] bool puts_before(std::uint64_t op_id, PeerId peer) const {
+    for (auto it = transfers.begin(); it != transfers.end() && it->first < op_id; ++it) {
+      if (it->second->kind == Kind::put && it->second->request.peer == peer) return true;
+    }
+    return false;
+  }
+
+  /// Applies an atomic to the target's word (its lock held).
+  static std::uint64_t apply_atomic(const AtomicRequest& atomic, std::byte* remote) {
+    std::atomic_ref<std::uint64_t> word(*reinterpret_cast<std::uint64_t*>(remote));
+    switch (atomic.op) {
+      case AtomicOp::add:
+        word.fetch_add(atomic.operand);
+        return 0;
+      case AtomicOp::fetch_add: return word.fetch_add(atomic.operand);
+      case AtomicOp::swap: return word.exchange(atomic.operand);
+      case AtomicOp::compare_swap: {
+        std::uint64_t expected = atomic.compare;
+        word.compare_exchange_strong(expected, atomic.operand);
+        return expected;
+      }
+    }
+    return 0;
+  }
+
+  /// Moves the bytes (or applies the atomic) under the target's lock, as a
+  /// NIC checks the rkey against the target's live registrations.
+  Result<void> copy_bytes(TransferOp& op, std::byte* local) {
     if (std::lock_guard lock(mutex); faults.fail_transfers) {
       return fail(errc::backend, "injected transfer failure");
     }
@@ -490,15 +564,19 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
     std::lock_guard lock(target->mutex);
     if (target->shut_down) return fail(errc::peer_unreachable, "peer shut down");
     auto it = target->regions.find(RegionId{op.key.region});
-    const auto need = op.is_put ? Access::remote_read_write : Access::remote_read;
+    const auto need = op.kind == Kind::atomic ? Access::remote_atomic
+                      : op.kind == Kind::put  ? Access::remote_read_write
+                                              : Access::remote_read;
     if (it == target->regions.end() || reinterpret_cast<std::uint64_t>(it->second.addr) != op.key.addr ||
-        it->second.len != op.key.len ||
-        (static_cast<unsigned>(it->second.access) & static_cast<unsigned>(need)) !=
-            static_cast<unsigned>(need)) {
+        it->second.len != op.key.len || !access_allows(it->second.access, need)) {
       return fail(errc::backend, "remote access error");
     }
+    if (op.kind == Kind::atomic) {
+      op.answer.fetched = apply_atomic(op.atomic, it->second.addr + (op.atomic.remote_addr - op.key.addr));
+      return success();
+    }
     std::byte* remote = it->second.addr + (op.request.remote_addr - op.key.addr);
-    if (op.is_put) {
+    if (op.kind == Kind::put) {
       std::memmove(remote, local, op.request.len);
     } else {
       std::memmove(local, remote, op.request.len);
@@ -515,7 +593,7 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
       if (it == transfers.end()) return;
       op = it->second;
       // Pinned by admit_transfer: the region cannot have gone.
-      local = regions.at(op->request.local).addr + op->request.local_offset;
+      if (op->local()) local = regions.at(op->request.local).addr + op->request.local_offset;
     }
     // Admitted before any shutdown: it drains, with its real result.
     finish_transfer(op_id, copy_bytes(*op, local));
@@ -527,11 +605,12 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
     if (it == transfers.end()) return;
     auto op = it->second;
     transfers.erase(it);
-    auto region = regions.find(op->request.local);
+    auto region = op->local() ? regions.find(op->request.local) : regions.end();
     Waiters waiters;
     if (region != regions.end() && --region->second.transfers == 0 && region->second.unmapping) {
       waiters = remove_region(op->request.local);
     }
+    const auto flushed = op->kind == Kind::put ? flushes_now_done() : std::vector<std::uint64_t>{};
     changed.notify_all();
     const bool drained = last_to_drain();
     auto answer = op->take_answer();
@@ -539,7 +618,22 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
     // The transfer ended before the unmap did: answer in that order.
     answer.deliver(std::move(outcome));
     answer_all(std::move(waiters));
+    for (auto flush : flushed) finish_transfer(flush, success());
     if (drained) finish_shutdown();
+  }
+
+  /// The waiting flushes no earlier put holds back any more, taken off the
+  /// list (mutex held); flushes a shutdown already failed just leave it.
+  std::vector<std::uint64_t> flushes_now_done() {
+    std::vector<std::uint64_t> done;
+    std::erase_if(flushes_waiting, [&](std::uint64_t id) {
+      auto flush = transfers.find(id);
+      if (flush == transfers.end()) return true;
+      if (puts_before(id, flush->second->request.peer)) return false;
+      done.push_back(id);
+      return true;
+    });
+    return done;
   }
 
   /// Whether a shutdown waits for transfers and none is left (mutex held).
@@ -699,7 +793,7 @@ std::size_t TestBackend::transfers_cancelled() const {
 
 std::size_t TestBackend::transfers_in_flight() const {
   std::lock_guard lock(state_->mutex);
-  return state_->transfers.size();
+  return state_->admitted_transfers();
 }
 
 std::size_t TestBackend::maps_handed_off() const {
@@ -716,7 +810,7 @@ bool TestBackend::wait_for_held_maps(std::size_t n, std::chrono::milliseconds ti
 }
 
 bool TestBackend::wait_for_transfers_in_flight(std::size_t n, std::chrono::milliseconds timeout) {
-  return state_->wait(timeout, [n](const State& s) { return s.transfers.size() == n; });
+  return state_->wait(timeout, [n](const State& s) { return s.admitted_transfers() == n; });
 }
 
 bool TestBackend::wait_for_maps_handed_off(std::size_t n, std::chrono::milliseconds timeout) {
@@ -751,20 +845,54 @@ void TestBackend::do_unmap(RegionId id, Handler<void> h) {
 void TestBackend::do_get(GetRequest request, Handler<void> h) { transfer(false, std::move(request), std::move(h)); }
 void TestBackend::do_put(PutRequest request, Handler<void> h) { transfer(true, std::move(request), std::move(h)); }
 
+namespace {
+
+/// Admits any transfer op (get, put, atomic, flush) and runs it on the
+/// progress thread; `caller` is the completion its cancellation reaches.
+template <class CallerCompletion>
+void submit(const std::shared_ptr<TestBackend::State>& state, const std::shared_ptr<TestBackend::State::TransferOp>& op,
+            const CallerCompletion& caller) {
+  std::uint64_t op_id = 0;
+  {
+    std::lock_guard lock(state->mutex);
+    op_id = state->next_id++;
+    state->transfers.emplace(op_id, op);
+  }
+  // The operation runs on (its bytes may land); only its caller is released.
+  caller.on_cancellation(detail::terminal_only, [weak = std::weak_ptr(state), weak_op = std::weak_ptr(op), op_id] {
+    if (auto live_op = weak_op.lock()) live_op->cancel_requested.store(true);
+    TestBackend::State::post_to(weak, [op_id](TestBackend::State& s) { s.cancel_transfer(op_id); });
+  });
+  asio::post(state->io, [state, op_id] { state->run_transfer(op_id); });
+}
+
+}  // namespace
+
 void TestBackend::transfer(bool is_put, TransferRequest request, Handler<void> h) {
   auto op = std::make_shared<State::TransferOp>();
   op->answer.completion = Completion<void(Result<void>)>(std::move(h));
-  op->is_put = is_put;
+  op->kind = is_put ? State::Kind::put : State::Kind::get;
   op->request = std::move(request);
-  std::uint64_t op_id = 0;
-  {
-    std::lock_guard lock(state_->mutex);
-    op_id = state_->next_id++;
-    state_->transfers.emplace(op_id, op);
-  }
-  state_->on_cancel(op->answer.completion, detail::terminal_only, [op_id](State& s) { s.cancel_transfer(op_id); });
-  asio::post(state_->io, [state = state_, op_id] { state->run_transfer(op_id); });
+  submit(state_, op, op->answer.completion);
 }
+
+void TestBackend::do_atomic(AtomicRequest request, Handler<std::uint64_t> h) {
+  auto op = std::make_shared<State::TransferOp>();
+  op->answer.value_completion = Completion<void(Result<std::uint64_t>)>(std::move(h));
+  op->kind = State::Kind::atomic;
+  op->request.peer = request.peer;
+  op->atomic = std::move(request);
+  submit(state_, op, op->answer.value_completion);
+}
+
+void TestBackend::do_flush(PeerId peer, Handler<void> h) {
+  auto op = std::make_shared<State::TransferOp>();
+  op->answer.completion = Completion<void(Result<void>)>(std::move(h));
+  op->kind = State::Kind::flush;
+  op->request.peer = peer;
+  submit(state_, op, op->answer.completion);
+}
+
 
 void TestBackend::do_get_batch(TransferBatch batch, Handler<BatchOutcome> h) {
   transfer_batch(false, std::move(batch), std::move(h));
@@ -788,7 +916,7 @@ void TestBackend::transfer_batch(bool is_put, TransferBatch batch, Handler<Batch
       auto op = std::make_shared<State::TransferOp>();
       op->answer.batch = tally;
       op->answer.batch_index = i;
-      op->is_put = is_put;
+      op->kind = is_put ? State::Kind::put : State::Kind::get;
       op->request = std::move(batch[i]);
       ids.push_back(state_->next_id++);
       state_->transfers.emplace(ids.back(), std::move(op));

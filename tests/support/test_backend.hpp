@@ -83,6 +83,8 @@ class TestBackend final : public RdmaBackend {
   void do_put(PutRequest request, Handler<void> h) override;
   void do_get_batch(TransferBatch batch, Handler<BatchOutcome> h) override;
   void do_put_batch(TransferBatch batch, Handler<BatchOutcome> h) override;
+  void do_atomic(AtomicRequest request, Handler<std::uint64_t> h) override;
+  void do_flush(PeerId peer, Handler<void> h) override;
   void do_import_key(PeerId peer, PackedKey packed_key, Handler<RemoteKeyId> h) override;
   void do_release_key(RemoteKeyId key, Handler<void> h) override;
   void do_peer_offer(Handler<PeerOffer> h) override;

@@ -78,11 +78,14 @@ TEST(UcxTrust, SharedMemoryExposesWithoutTheSetting) {
 
 TEST(UcxWire, KeysRoundTripAndEveryCorruptionIsRefused) {
   const std::vector<std::byte> rkey = {std::byte{1}, {}, {}, {}, {}, {}, {}, {}, {}, {}};  // md 0, host, one empty record
-  const auto key = wire::encode_key(0x1000, 4096, rkey);
+  const auto key = wire::encode_key(0x1000, 4096, corma::Access::remote_atomic, rkey);
   auto decoded = wire::decode_key(key, 1);
   ASSERT_TRUE(decoded) << decoded.error().message();
   EXPECT_EQ(decoded.value().addr, 0x1000u);
   EXPECT_EQ(decoded.value().len, 4096u);
+  EXPECT_EQ(decoded.value().access, corma::Access::remote_atomic);
+  EXPECT_FALSE(wire::decode_key(wire::encode_key(0x1000, 4096, corma::Access::local, rkey), 1))
+      << "a key must name remote access";
   EXPECT_EQ(decoded.value().rkey_size, rkey.size());
   EXPECT_GE(decoded.value().rkey.size(), rkey.size() + 4096) << "rkey copy must be padded";
 

@@ -42,6 +42,8 @@ class EngineBackend : public RdmaBackend {
   void do_put(PutRequest request, Handler<void> h) final;
   void do_get_batch(TransferBatch batch, Handler<BatchOutcome> h) final;
   void do_put_batch(TransferBatch batch, Handler<BatchOutcome> h) final;
+  void do_atomic(AtomicRequest request, Handler<std::uint64_t> h) final;
+  void do_flush(PeerId peer, Handler<void> h) final;
   void do_import_key(PeerId peer, PackedKey packed_key, Handler<RemoteKeyId> h) final;
   void do_release_key(RemoteKeyId key, Handler<void> h) final;
   void do_peer_offer(Handler<PeerOffer> h) final;

@@ -73,12 +73,20 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   /// `honoured` types, flags the op and posts `on_cancel(op)` to the
   /// progress thread, which runs it only while the engine is alive.
   template <class Op, class OnCancel>
-  void watch_cancellation(const std::shared_ptr<Op>& op, asio::cancellation_type honoured, OnCancel on_cancel);
+  void watch_cancellation(const std::shared_ptr<Op>& op, asio::cancellation_type honoured, OnCancel on_cancel) {
+    watch_cancellation(op, caller_completion(*op), honoured, std::move(on_cancel));
+  }
+  /// The same, for an op whose caller's slot is on `completion`.
+  template <class Op, class CallerCompletion, class OnCancel>
+  void watch_cancellation(const std::shared_ptr<Op>& op, const CallerCompletion& completion,
+                          asio::cancellation_type honoured, OnCancel on_cancel);
 
   /// A get or put; a batch of them (TransferEngine implements both over the
   /// provider's own transfer op).
   virtual void initiate_transfer(bool is_put, TransferRequest request, RdmaBackend::Handler<void> h) = 0;
   virtual void initiate_batch(bool is_put, TransferBatch batch, RdmaBackend::Handler<BatchOutcome> h) = 0;
+  virtual void initiate_atomic(AtomicRequest request, RdmaBackend::Handler<std::uint64_t> h) = 0;
+  virtual void initiate_flush(PeerId peer, RdmaBackend::Handler<void> h) = 0;
 
   /// RdmaBackend::progress_executor(): runs work on the progress thread
   /// (progress_executor.hpp).
@@ -175,9 +183,10 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   /// Answers the transfers whose deadline is past `now`; whether any remain.
   virtual bool answer_late_transfers(std::chrono::steady_clock::time_point now) = 0;
 
-  /// A transfer was admitted on `region` and handed to the provider: it
-  /// pins the region and is swept for its deadline.
-  void note_transfer_started(Region& region);
+  /// A transfer was admitted on `region` (none for an atomic or a flush)
+  /// and handed to the provider: it pins the region and is swept for its
+  /// deadline.
+  void note_transfer_started(Region* region);
   /// An admitted transfer left the table (it may still pin its region).
   void note_transfer_left() noexcept { in_flight_.fetch_sub(1, std::memory_order_acq_rel); }
   /// Shutdown answered every transfer.
@@ -240,10 +249,10 @@ void EngineCore::submit(Command command, Refuse refuse) {
   });
 }
 
-template <class Op, class OnCancel>
-void EngineCore::watch_cancellation(const std::shared_ptr<Op>& op, asio::cancellation_type honoured,
-                                    OnCancel on_cancel) {
-  caller_completion(*op).on_cancellation(honoured, [weak_engine = weak_from_this(), weak_op = std::weak_ptr<Op>(op),
+template <class Op, class CallerCompletion, class OnCancel>
+void EngineCore::watch_cancellation(const std::shared_ptr<Op>& op, const CallerCompletion& completion,
+                                    asio::cancellation_type honoured, OnCancel on_cancel) {
+  completion.on_cancellation(honoured, [weak_engine = weak_from_this(), weak_op = std::weak_ptr<Op>(op),
                                             on_cancel] {
     auto target = weak_op.lock();
     if (!target) return;

@@ -41,13 +41,34 @@ struct VoidOp {
   bool answered = false;
 };
 
-/// A get or put. Providers derive from it to keep their own per-transfer
-/// state and run their engine over that type (TransferEngine<Op>). An
-/// element of a batch reports to its batch's tally instead of its own
-/// completion (which stays empty).
+/// What a transfer op does. Atomics and flushes name no local region
+/// (`request.local` stays 0) but are tracked, timed out, failed with their
+/// peer and answered at shutdown like gets and puts.
+enum class TransferKind : std::uint8_t { get, put, atomic, flush };
+
+/// "get", "put", "atomic" or "flush", for messages.
+[[nodiscard]] constexpr const char* kind_name(TransferKind kind) noexcept {
+  switch (kind) {
+    case TransferKind::get: return "get";
+    case TransferKind::put: return "put";
+    case TransferKind::atomic: return "atomic";
+    case TransferKind::flush: return "flush";
+  }
+  return "transfer";
+}
+
+/// A get, put, atomic or flush. Providers derive from it to keep their own
+/// per-transfer state and run their engine over that type
+/// (TransferEngine<Op>). An element of a batch reports to its batch's tally
+/// instead of its own completion (which stays empty); an atomic answers
+/// through `value_completion` (with `fetched`) instead.
 struct TransferOp : VoidOp {
-  bool is_put = false;
+  TransferKind kind = TransferKind::get;
+  /// For an atomic or a flush, only `peer` (and an atomic's `key`) is set.
   TransferRequest request;
+  AtomicRequest atomic;  ///< kind == atomic
+  std::uint64_t fetched = 0;  ///< the word's old value, set by the provider
+  Completion<void(Result<std::uint64_t>)> value_completion;
   std::uint64_t id = 0;  // 0 until admitted
   std::chrono::steady_clock::time_point deadline;
   std::shared_ptr<detail::BatchTally> batch;
@@ -91,6 +112,11 @@ void answer(Op& op, T&& result) {
   op.answered = true;
   if constexpr (std::is_base_of_v<TransferOp, Op>) {
     if (op.batch) return op.batch->element_done(op.batch_index, Result<void>(std::forward<T>(result)));
+    if (op.kind == TransferKind::atomic) {
+      Result<void> outcome(std::forward<T>(result));
+      if (!outcome) return op.value_completion.dispatch(std::move(outcome).error());
+      return op.value_completion.dispatch(op.fetched);
+    }
   }
   op.completion.dispatch(std::forward<T>(result));
 }

@@ -28,11 +28,34 @@ class TransferEngine : public EngineCore {
   void initiate_transfer(bool is_put, TransferRequest request, RdmaBackend::Handler<void> h) final {
     auto op = make_op();
     op->completion = Completion<void(Result<void>)>(std::move(h));
-    op->is_put = is_put;
+    op->kind = is_put ? TransferKind::put : TransferKind::get;
     op->request = std::move(request);
     // A cancelled transfer's bytes may still land.
     watch_cancellation(op, detail::terminal_only, [this](const std::shared_ptr<Op>& o) { cancel_transfer(o); });
     submit([this, op] { run_transfer(op); },
+           [this, op](Error e) { op->completion.post(progress_executor(), std::move(e)); });
+  }
+
+  void initiate_atomic(AtomicRequest request, RdmaBackend::Handler<std::uint64_t> h) final {
+    auto op = make_op();
+    op->value_completion = Completion<void(Result<std::uint64_t>)>(std::move(h));
+    op->kind = TransferKind::atomic;
+    op->request.peer = request.peer;
+    op->atomic = std::move(request);
+    // Like a transfer's: the atomic may still apply.
+    watch_cancellation(op, op->value_completion, detail::terminal_only,
+                       [this](const std::shared_ptr<Op>& o) { cancel_transfer(o); });
+    submit([this, op] { run_atomic(op); },
+           [this, op](Error e) { op->value_completion.post(progress_executor(), std::move(e)); });
+  }
+
+  void initiate_flush(PeerId peer, RdmaBackend::Handler<void> h) final {
+    auto op = make_op();
+    op->completion = Completion<void(Result<void>)>(std::move(h));
+    op->kind = TransferKind::flush;
+    op->request.peer = peer;
+    watch_cancellation(op, detail::terminal_only, [this](const std::shared_ptr<Op>& o) { cancel_transfer(o); });
+    submit([this, op] { run_flush(op); },
            [this, op](Error e) { op->completion.post(progress_executor(), std::move(e)); });
   }
 
@@ -48,7 +71,7 @@ class TransferEngine : public EngineCore {
     op->elements.reserve(batch.size());
     for (std::size_t i = 0; i < batch.size(); ++i) {
       auto element = make_op();
-      element->is_put = is_put;
+      element->kind = is_put ? TransferKind::put : TransferKind::get;
       element->request = std::move(batch[i]);
       element->batch = std::shared_ptr<detail::BatchTally>(op, &op->tally);
       element->batch_index = i;
@@ -70,6 +93,15 @@ class TransferEngine : public EngineCore {
 
   /// Admits and posts the transfer, or answers it.
   virtual void run_transfer(const std::shared_ptr<Op>& op) = 0;
+  /// Admits and posts the atomic (`op->atomic`), or answers it; the
+  /// provider sets `op->fetched` before answering success. A provider
+  /// without atomics keeps this default.
+  virtual void run_atomic(const std::shared_ptr<Op>& op) {
+    answer(*op, fail(errc::not_configured, settings.name + " backend has no atomics"));
+  }
+  /// Completes once every put to `op->request.peer` issued before is
+  /// complete at the target.
+  virtual void run_flush(const std::shared_ptr<Op>& op) = 0;
   /// The provider cannot stop a posted transfer: the caller is released, the
   /// region stays pinned until the transfer really ends.
   virtual void cancel_transfer(const std::shared_ptr<Op>& op) {
@@ -86,7 +118,13 @@ class TransferEngine : public EngineCore {
   void track(const std::shared_ptr<Op>& op, Region& region) {
     op->id = transfers_.insert(op);
     op->deadline = deadline_from_now();
-    note_transfer_started(region);
+    note_transfer_started(&region);
+  }
+  /// Records an admitted atomic or flush, which pins no region of ours.
+  void track(const std::shared_ptr<Op>& op) {
+    op->id = transfers_.insert(op);
+    op->deadline = deadline_from_now();
+    note_transfer_started(nullptr);
   }
   /// Removes a transfer from the table; null when unknown. Still pinned.
   std::shared_ptr<Op> untrack(std::uint64_t id) {
