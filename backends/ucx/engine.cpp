@@ -9,11 +9,12 @@
 #include <string>
 
 namespace corma::ucx {
-namespace {
 
 Error ucs_error(errc code, const char* call, ucs_status_t status) {
   return Error{code, std::string(call) + ": " + ucs_status_string(status)};
 }
+
+namespace {
 
 using backend_kit::answer;
 
@@ -43,7 +44,7 @@ Result<void> Backend::Engine::start() {
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
   // Without trust, RMA is not even enabled: UCX then serves no emulated
   // get/put for anyone (see Config::trusted_peers).
-  params.features = UCP_FEATURE_WAKEUP | (rma ? UCP_FEATURE_RMA | UCP_FEATURE_AMO64 : UCP_FEATURE_AM);
+  params.features = UCP_FEATURE_WAKEUP | UCP_FEATURE_AM | (rma ? UCP_FEATURE_RMA | UCP_FEATURE_AMO64 : 0);
   const auto init = ucp_init(&params, ucp_config, &context);
   ucp_config_release(ucp_config);
   if (init != UCS_OK) return ucs_error(errc::not_configured, "ucp_init", init);
@@ -72,6 +73,12 @@ Result<void> Backend::Engine::start() {
     return ucs_error(errc::not_configured, "ucp_worker_get_efd", st);
   }
   wake.emplace(io, ::dup(efd));  // asio closes its own copy
+  if (rma) {
+    if (auto listening = listen_for_notifications(); !listening) {
+      tear_down();
+      return std::move(listening).error();
+    }
+  }
 
   if (rma) {
     // The memory domains our keys use: peers' keys must name a subset.
@@ -102,6 +109,7 @@ std::size_t Backend::Engine::progress() {
   std::size_t events = 0;
   while (ucp_worker_progress(worker) != 0) ++events;
   put_flushes.remove_if([](const PutFlush& flush) { return flush.done; });
+  events += handle_notification_messages();
   // Completions recorded inside UCX callbacks are finished here, outside
   // UCX, where unmapping and answering callers is safe.
   while (!finished.empty()) {
@@ -197,6 +205,7 @@ const char* provider_call(backend_kit::TransferKind kind) {
     case backend_kit::TransferKind::put: return "ucp_put_nbx";
     case backend_kit::TransferKind::atomic: return "ucp_atomic_op_nbx";
     case backend_kit::TransferKind::flush: return "ucp_ep_flush_nbx";
+    case backend_kit::TransferKind::notify: return "ucp_am_send_nbx";
   }
   return "ucp";
 }
@@ -380,6 +389,11 @@ void Backend::Engine::on_transfer_done(void* request, ucs_status_t status, void*
 }
 
 void Backend::Engine::finish_transfer(std::uint64_t id, ucs_status_t status) {
+  if (auto* pending = find_transfer(id); pending != nullptr && status == UCS_OK &&
+                                         pending->kind == backend_kit::TransferKind::notify &&
+                                         !notification_answered(*pending)) {
+    return;  // its next step is under way
+  }
   auto taken = untrack(id);
   if (!taken) return;
   auto& op = *taken;
@@ -388,7 +402,7 @@ void Backend::Engine::finish_transfer(std::uint64_t id, ucs_status_t status) {
   // The caller hears of its transfer before an unmap that waited for it.
   if (status == UCS_OK) {
     if (auto peer = peers.find(op.request.peer); peer != peers.end()) peer->second.wired = true;
-    answer(op, success());
+    answer(op, op.kind == backend_kit::TransferKind::notify ? acknowledged(op) : success());
   } else if (status == UCS_ERR_CANCELED && closing()) {
     answer(op, shut_down_error());
   } else {
@@ -476,8 +490,7 @@ void Backend::Engine::release_orphan(std::uint64_t id) {
 // hands an address to UCX: the target's, which it chose to connect to.
 // Nothing a target reads from its control connection reaches UCX.
 
-Result<ucp_ep_h> Backend::Engine::create_endpoint(const std::vector<std::byte>& answer) {
-  CORMA_TRY(auto address, wire::decode_address(answer));
+Result<ucp_ep_h> Backend::Engine::create_endpoint(const std::vector<std::byte>& address) {
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
   params.address = reinterpret_cast<const ucp_address_t*>(address.data());
@@ -525,8 +538,13 @@ void Backend::Engine::run_peer_accept(const std::shared_ptr<ValueOp<PeerAnswer>>
   const PeerId id{new_id()};
   Peer peer;
   peer.reader = true;
+  do {
+    peer.notify_token = token_source();
+  } while (peer.notify_token == 0 || notify_tokens.contains(peer.notify_token));
+  notify_tokens.emplace(peer.notify_token, id);
+  const auto token = peer.notify_token;
   peers.emplace(id, std::move(peer));
-  op->completion.dispatch(PeerAnswer{id, wire::encode_address(own_address)});
+  op->completion.dispatch(PeerAnswer{id, wire::encode_address(token, own_address)});
 }
 
 void Backend::Engine::run_peer_complete(const std::shared_ptr<ValueOp<void>>& op) {
@@ -536,9 +554,12 @@ void Backend::Engine::run_peer_complete(const std::shared_ptr<ValueOp<void>>& op
   if (it->second.ep != nullptr || it->second.broken || it->second.reader) {
     return op->completion.dispatch(fail(errc::protocol, "peer is not waiting for an answer"));
   }
-  auto ep = create_endpoint(op->blob);
+  auto address = wire::decode_address(op->blob);
+  if (!address) return op->completion.dispatch(std::move(address).error());
+  auto ep = create_endpoint(address.value().address);
   if (!ep) return op->completion.dispatch(std::move(ep).error());
   it->second.ep = ep.value();
+  it->second.notify_token = address.value().token;
   op->completion.dispatch(success());
 }
 
@@ -548,6 +569,8 @@ void Backend::Engine::run_peer_close(const std::shared_ptr<VoidOp>& op, PeerId i
   auto it = peers.find(id);
   if (it == peers.end()) return answer(*op, success());  // idempotent
   ucp_ep_h ep = it->second.ep;
+  // An accepted peer's notifications are refused from now on.
+  if (it->second.reader) notify_tokens.erase(it->second.notify_token);
   // A peer closed with transfers still in flight is one its user gave up
   // on (its owner died, say): a flush would wait for them until their
   // deadline. Forced, UCX fails them now, which unpins their regions.

@@ -5,6 +5,7 @@
 
 #include "backend_kit/transfer_engine.hpp"
 #include "remote_key.hpp"
+#include "wire.hpp"
 
 #include <corma/ucx.hpp>
 
@@ -17,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <random>
 #include <vector>
 
 namespace corma::ucx {
@@ -27,10 +29,18 @@ using backend_kit::TransferOp;
 using backend_kit::ValueOp;
 using backend_kit::VoidOp;
 
+/// `call` failed with `status`, answered as `code`.
+[[nodiscard]] Error ucs_error(errc code, const char* call, ucs_status_t status);
+
 struct UcxTransferOp : TransferOp {
   SharedRemoteKey key;  ///< held until UCX is done with the transfer
   ucs_status_t status = UCS_OK;
   std::uint64_t unread_reply = 0;  ///< where an `add`'s old value lands, unread
+  /// A notification goes through these: its endpoint flush, then its active
+  /// message, then the target's acknowledgement (which may come first).
+  enum class Stage : std::uint8_t { none, flushing, sending, sent } stage = Stage::none;
+  std::vector<std::byte> notify_header;
+  std::optional<std::uint64_t> ack;  ///< the acknowledgement's status, once it came
   std::vector<std::uint64_t>* finished = nullptr;  // the engine's completion list
 };
 
@@ -53,6 +63,9 @@ struct Backend::Engine final : backend_kit::TransferEngine<UcxTransferOp> {
     /// Keys imported for this peer; a released one leaves the map and
     /// lives on in the transfers still using it.
     std::map<RemoteKeyId, SharedRemoteKey> imported;
+    /// An initiator's: the token the target gave, carried by notifications.
+    /// An accepted peer's: the token it was given.
+    std::uint64_t notify_token = 0;
   };
   /// Beyond this many keys per peer, a key is unpacked for one transfer only.
   static constexpr std::size_t max_cached_keys = 4096;
@@ -73,6 +86,7 @@ struct Backend::Engine final : backend_kit::TransferEngine<UcxTransferOp> {
   void run_transfer(const std::shared_ptr<UcxTransferOp>& op) override;
   void run_atomic(const std::shared_ptr<UcxTransferOp>& op) override;
   void run_flush(const std::shared_ptr<UcxTransferOp>& op) override;
+  void run_notify(const std::shared_ptr<UcxTransferOp>& op) override;
   void on_transfer_deadline(UcxTransferOp& op) override;
   void run_import_key(const std::shared_ptr<ValueOp<RemoteKeyId>>& op) override;
   void run_release_key(const std::shared_ptr<VoidOp>& op, RemoteKeyId key) override;
@@ -106,8 +120,9 @@ struct Backend::Engine final : backend_kit::TransferEngine<UcxTransferOp> {
   void finish_transfer(std::uint64_t id, ucs_status_t status);
   /// Lets go of a peer's keys: those a transfer still uses go with it.
   static void forget_keys(Peer& peer);
-  /// The initiator's endpoint to the target that answered.
-  Result<ucp_ep_h> create_endpoint(const std::vector<std::byte>& answer);
+  /// The initiator's endpoint to the target whose (decoded, padded) worker
+  /// address this is.
+  Result<ucp_ep_h> create_endpoint(const std::vector<std::byte>& address);
   void mark_broken(ucp_ep_h ep);
   /// Whether UCX can force an endpoint closed, failing what is in flight on
   /// it: only with peer error handling.
@@ -135,6 +150,23 @@ struct Backend::Engine final : backend_kit::TransferEngine<UcxTransferOp> {
   void flush_puts();
   static void on_put_flush_done(void* request, ucs_status_t status, void* user_data);
   void poll_closing();
+
+  // Notifications (notifications.cpp).
+  /// Registers the active-message handlers (with RMA: peers exist).
+  Result<void> listen_for_notifications();
+  /// A notification's UCX step ended well: the next one starts; true once
+  /// it is sent and acknowledged (then it is answered by the acknowledgement).
+  bool notification_answered(UcxTransferOp& op);
+  /// What the target's acknowledgement of `op` says.
+  static Result<void> acknowledged(const UcxTransferOp& op);
+  /// Handles what the active-message callbacks recorded during the worker's
+  /// turn: queues notifications and acknowledges them, finishes sends.
+  std::size_t handle_notification_messages();
+  void send_ack(ucp_ep_h reply, const wire::NotifyAck& ack);
+  static ucs_status_t on_notify_message(void* arg, const void* header, std::size_t header_length, void* data,
+                                        std::size_t length, const ucp_am_recv_param_t* param);
+  static ucs_status_t on_ack_message(void* arg, const void* header, std::size_t header_length, void* data,
+                                     std::size_t length, const ucp_am_recv_param_t* param);
 
   // Shutdown (engine_shutdown.cpp).
   /// Closing `peer`'s endpoint: remembers whether the target may still owe
@@ -185,6 +217,21 @@ struct Backend::Engine final : backend_kit::TransferEngine<UcxTransferOp> {
     bool done = false;
   };
   std::list<PutFlush> put_flushes;
+
+  /// Notifications from peers, by the token each accepted peer was given.
+  std::map<std::uint64_t, PeerId> notify_tokens;
+  std::mt19937_64 token_source{std::random_device{}()};
+  struct ArrivedNotification {
+    ucp_ep_h reply = nullptr;  ///< where the acknowledgement goes (UCX's endpoint to the sender)
+    wire::NotifyHeader header;
+  };
+  std::vector<ArrivedNotification> arrived_notifications;  // recorded in the UCX callback
+  std::vector<wire::NotifyAck> arrived_acks;                // likewise
+  struct PendingAck {
+    void* request = nullptr;
+    std::vector<std::byte> bytes;
+  };
+  std::list<PendingAck> pending_acks;  // acknowledgements UCX has not finished sending
   /// The puts ended with `status`: recorded for progress() to finish.
   void record_puts(const std::vector<std::uint64_t>& ids, ucs_status_t status);
 };

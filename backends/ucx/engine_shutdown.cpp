@@ -119,7 +119,10 @@ void Backend::Engine::tear_down() {
     if (auto op = share_transfer(id)) op->key.reset();
   }
   // Destroying the worker ends every endpoint and request it still held.
+  // Acknowledgements still sending end with the worker; their bytes go after.
+  for (auto& ack : pending_acks) ucp_request_free(ack.request);
   if (worker != nullptr) ucp_worker_destroy(worker);
+  pending_acks.clear();
   if (context != nullptr) ucp_cleanup(context);
   orphans.clear();  // no callback can reach them any more
   stranded.clear();

@@ -13,12 +13,13 @@ using corma::wire::Reader;
 using corma::wire::Writer;
 
 constexpr std::uint32_t key_magic = 0x324b5543;      // "CUK2" in memory order
-constexpr std::uint32_t address_magic = 0x31415543;  // "CUA1" in memory order
+constexpr std::uint32_t old_address_magic = 0x31415543;  // "CUA1": answers before notifications
+constexpr std::uint32_t address_magic = 0x32415543;      // "CUA2" in memory order
 constexpr std::uint32_t offer_magic = 0x314f5543;    // "CUO1" in memory order
 constexpr std::uint8_t offer_version = 1;
 constexpr std::size_t offer_size = 5;                // magic, version
 constexpr std::size_t key_header = 40;               // magic, rkey length, addr, len, access, checksum
-constexpr std::size_t address_header = 8;            // magic, length
+constexpr std::size_t address_header = 16;           // magic, length, notification token
 constexpr std::size_t padding = 4096;
 constexpr std::size_t min_rkey = 9;                  // md_map + memory type
 
@@ -124,7 +125,7 @@ Result<void> decode_offer(const std::vector<std::byte>& blob) {
   Reader in(blob);
   auto magic = in.u32("peer offer magic");
   if (!magic) return fail(errc::protocol, "truncated peer offer");
-  if (magic.value() == address_magic) {
+  if (magic.value() == address_magic || magic.value() == old_address_magic) {
     return fail(errc::protocol, "peer offer carries a worker address: this side does not connect to its readers");
   }
   if (magic.value() != offer_magic) return fail(errc::protocol, "not a UCX peer offer");
@@ -135,23 +136,62 @@ Result<void> decode_offer(const std::vector<std::byte>& blob) {
   return success();
 }
 
-std::vector<std::byte> encode_address(std::span<const std::byte> address) {
+std::vector<std::byte> encode_address(std::uint64_t token, std::span<const std::byte> address) {
   Writer out(address_header + address.size());
   out.u32(address_magic);
   out.u32(corma::wire::checked_length<std::uint32_t>(address.size(), "UCX worker address"));
+  out.u64(token);
   out.bytes(address);
   return std::move(out).take();
 }
 
-Result<std::vector<std::byte>> decode_address(const std::vector<std::byte>& blob) {
+Result<PeerAddress> decode_address(const std::vector<std::byte>& blob) {
   if (blob.size() > max_peer_blob_size) return fail(errc::protocol, "oversized peer blob");
   if (blob.size() <= address_header) return fail(errc::protocol, "truncated peer blob");
   Reader in(blob);
   CORMA_TRY(auto magic, in.u32("peer blob magic"));
   if (magic != address_magic) return fail(errc::protocol, "not a UCX peer blob");
   CORMA_TRY(auto length, in.u32("peer blob length"));
+  CORMA_TRY(auto token, in.u64("notification token"));
   if (length != in.remaining()) return fail(errc::protocol, "peer blob length disagrees with its bytes");
-  return padded_copy(std::span(blob).subspan(address_header));
+  return PeerAddress{token, padded_copy(std::span(blob).subspan(address_header))};
+}
+
+std::vector<std::byte> encode_notify(const NotifyHeader& header) {
+  Writer out(24);
+  out.u64(header.token);
+  out.u64(header.tag);
+  out.u64(header.sequence);
+  return std::move(out).take();
+}
+
+Result<NotifyHeader> decode_notify(std::span<const std::byte> bytes) {
+  if (bytes.size() != 24) return fail(errc::protocol, "a notification header is 24 bytes");
+  Reader in(bytes);
+  NotifyHeader header;
+  CORMA_TRY(header.token, in.u64("notification token"));
+  CORMA_TRY(header.tag, in.u64("notification tag"));
+  CORMA_TRY(header.sequence, in.u64("notification sequence"));
+  return header;
+}
+
+std::vector<std::byte> encode_ack(const NotifyAck& ack) {
+  Writer out(16);
+  out.u64(ack.sequence);
+  out.u64(ack.status);
+  return std::move(out).take();
+}
+
+Result<NotifyAck> decode_ack(std::span<const std::byte> bytes) {
+  if (bytes.size() != 16) return fail(errc::protocol, "a notification acknowledgement is 16 bytes");
+  Reader in(bytes);
+  NotifyAck ack;
+  CORMA_TRY(ack.sequence, in.u64("acknowledged sequence"));
+  CORMA_TRY(ack.status, in.u64("acknowledgement status"));
+  if (ack.status > static_cast<std::uint64_t>(NotifyStatus::shutting_down)) {
+    return fail(errc::protocol, "unknown acknowledgement status");
+  }
+  return ack;
 }
 
 }  // namespace corma::ucx::wire

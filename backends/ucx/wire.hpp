@@ -46,11 +46,38 @@ struct RemoteKey {
 /// Refuses anything but exactly what encode_offer produces (`protocol`).
 [[nodiscard]] Result<void> decode_offer(const std::vector<std::byte>& blob);
 
-/// The target's answer: its worker address framed with its length.
-[[nodiscard]] std::vector<std::byte> encode_address(std::span<const std::byte> address);
+/// The target's answer: its worker address framed with its length, and the
+/// token the initiator's notifications carry, by which the target knows
+/// them to come from a peer it accepted.
+[[nodiscard]] std::vector<std::byte> encode_address(std::uint64_t token, std::span<const std::byte> address);
 
-/// The worker address inside an answer, zero-padded for the same reason as
-/// keys.
-[[nodiscard]] Result<std::vector<std::byte>> decode_address(const std::vector<std::byte>& blob);
+struct PeerAddress {
+  std::uint64_t token = 0;
+  std::vector<std::byte> address;  ///< zero-padded, for the same reason as keys
+};
+
+/// The token and worker address inside an answer.
+[[nodiscard]] Result<PeerAddress> decode_address(const std::vector<std::byte>& blob);
+
+/// A notification's active-message header: the token the target gave, the
+/// tag, and the sender's sequence number its acknowledgement names.
+struct NotifyHeader {
+  std::uint64_t token = 0;
+  std::uint64_t tag = 0;
+  std::uint64_t sequence = 0;
+};
+/// The target's acknowledgement: the sequence and what became of it.
+struct NotifyAck {
+  std::uint64_t sequence = 0;
+  std::uint64_t status = 0;  ///< one of the NotifyStatus values
+};
+enum class NotifyStatus : std::uint64_t { queued = 0, queue_full = 1, not_accepted = 2, shutting_down = 3 };
+
+[[nodiscard]] std::vector<std::byte> encode_notify(const NotifyHeader& header);
+/// Exactly 24 bytes, or `protocol`.
+[[nodiscard]] Result<NotifyHeader> decode_notify(std::span<const std::byte> bytes);
+[[nodiscard]] std::vector<std::byte> encode_ack(const NotifyAck& ack);
+/// Exactly 16 bytes with a known status, or `protocol`.
+[[nodiscard]] Result<NotifyAck> decode_ack(std::span<const std::byte> bytes);
 
 }  // namespace corma::ucx::wire

@@ -142,6 +142,18 @@ struct AtomicRequest {
 /// The size and alignment of an atomic's word.
 inline constexpr std::uint64_t atomic_word_size = 8;
 
+/// A notification a peer sent (RdmaBackend::async_notify), received by the
+/// target after every put that peer issued before it is visible.
+struct Notification {
+  PeerId peer{};  ///< the target's name for the peer that sent it
+  std::uint64_t tag = 0;
+};
+
+/// Notifications a backend keeps for async_receive_notification at once;
+/// beyond it a sender's async_notify answers `budget_exceeded` (the
+/// notification is not delivered, never silently dropped).
+inline constexpr std::size_t notification_queue_capacity = 4096;
+
 /// The initiator's half of peer set-up: a pending peer and the bytes to send.
 struct PeerOffer {
   PeerId peer{};
@@ -272,6 +284,31 @@ class RdmaBackend {
         [this](auto handler, PeerId p) { do_flush(p, std::move(handler)); }, token, peer);
   }
 
+  /// Sends `tag` to `peer`, delivered after every put to that peer issued
+  /// before it is visible there. Answered once the target has queued it;
+  /// `budget_exceeded` when the target's queue is full, and
+  /// `peer_unreachable` when the target does not accept notifications from
+  /// this side (it drops and counts them: refused_notifications()). Only a
+  /// `terminal` cancellation is honoured: the notification may still arrive.
+  template <asio::completion_token_for<void(Result<void>)> Token>
+  auto async_notify(PeerId peer, std::uint64_t tag, Token&& token) {
+    return asio::async_initiate<Token, void(Result<void>)>(
+        [this](auto handler, PeerId p, std::uint64_t t) { do_notify(p, t, std::move(handler)); }, token, peer, tag);
+  }
+
+  /// The next notification from a peer this side accepted, oldest first.
+  /// Any cancellation type is honoured: a cancelled receive takes nothing.
+  /// `shutting_down` once the backend shuts down.
+  template <asio::completion_token_for<void(Result<Notification>)> Token>
+  auto async_receive_notification(Token&& token) {
+    return asio::async_initiate<Token, void(Result<Notification>)>(
+        [this](auto handler) { do_receive_notification(std::move(handler)); }, token);
+  }
+
+  /// Notifications that arrived from peers this side never accepted
+  /// (dropped), so far.
+  [[nodiscard]] virtual std::uint64_t refused_notifications() const = 0;
+
   /// Imports a peer's packed key: checked and unpacked once (`invalid_key`,
   /// `peer_unreachable` as a transfer would be answered), then named by
   /// transfers to that peer instead of their packed bytes. A key lives until
@@ -346,6 +383,8 @@ class RdmaBackend {
   virtual void do_put_batch(TransferBatch batch, Handler<BatchOutcome> h) = 0;
   virtual void do_atomic(AtomicRequest request, Handler<std::uint64_t> h) = 0;
   virtual void do_flush(PeerId peer, Handler<void> h) = 0;
+  virtual void do_notify(PeerId peer, std::uint64_t tag, Handler<void> h) = 0;
+  virtual void do_receive_notification(Handler<Notification> h) = 0;
   virtual void do_import_key(PeerId peer, PackedKey packed_key, Handler<RemoteKeyId> h) = 0;
   virtual void do_release_key(RemoteKeyId key, Handler<void> h) = 0;
   virtual void do_peer_offer(Handler<PeerOffer> h) = 0;

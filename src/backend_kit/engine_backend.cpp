@@ -38,6 +38,13 @@ void EngineBackend::do_atomic(AtomicRequest request, Handler<std::uint64_t> h) {
   core_->initiate_atomic(std::move(request), std::move(h));
 }
 void EngineBackend::do_flush(PeerId peer, Handler<void> h) { core_->initiate_flush(peer, std::move(h)); }
+void EngineBackend::do_notify(PeerId peer, std::uint64_t tag, Handler<void> h) {
+  core_->initiate_notify(peer, tag, std::move(h));
+}
+void EngineBackend::do_receive_notification(Handler<Notification> h) {
+  initiate_receive_notification(*core_, std::move(h));
+}
+std::uint64_t EngineBackend::refused_notifications() const { return core_->refused_notifications(); }
 void EngineBackend::do_import_key(PeerId peer, PackedKey packed_key, Handler<RemoteKeyId> h) {
   initiate_import_key(*core_, peer, std::move(packed_key), std::move(h));
 }

@@ -109,6 +109,7 @@ void EngineCore::run_shutdown(const std::shared_ptr<VoidOp>& op) {
     return;
   }
   closing_ = true;
+  inbox_.close(shut_down_error());
   // Maps registered but not yet answered are undone.
   undo_delayed_maps();
   // Transfers in flight get until the deadline to finish.

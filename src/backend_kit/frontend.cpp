@@ -77,6 +77,15 @@ void initiate_peer_close(EngineCore& engine, PeerId peer, RdmaBackend::Handler<v
   engine.submit([&engine, op, peer] { engine.run_peer_close(op, peer); }, refuse_with(engine, op));
 }
 
+void initiate_receive_notification(EngineCore& engine, RdmaBackend::Handler<Notification> h) {
+  auto receiver = make_op<EngineCore::Receiver>(std::move(h));
+  // A cancelled receive takes nothing: every cancellation type is honoured.
+  engine.watch_cancellation(receiver, detail::any_cancellation, [&engine](const std::shared_ptr<EngineCore::Receiver>& r) {
+    engine.cancel_receive(r);
+  });
+  engine.submit([&engine, receiver] { engine.run_receive(receiver); }, refuse_with(engine, receiver));
+}
+
 void initiate_shutdown(EngineCore& engine, RdmaBackend::Handler<void> h) {
   auto op = make_op<VoidOp>(std::move(h));
   // Refuse new commands at once; those already queued run after this one

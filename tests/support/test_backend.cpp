@@ -2,6 +2,7 @@
 
 #include <corma/detail/batch_tally.hpp>
 #include <corma/detail/completion.hpp>
+#include <corma/detail/notification_inbox.hpp>
 
 #include <boost/asio/cancellation_type.hpp>
 #include <boost/asio/executor_work_guard.hpp>
@@ -142,7 +143,7 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
       }
     }
   };
-  enum class Kind : std::uint8_t { get, put, atomic, flush };
+  enum class Kind : std::uint8_t { get, put, atomic, flush, notify };
   /// A get, put, atomic or flush (which names no local region, and waits
   /// for the puts to its peer admitted before it).
   struct TransferOp {
@@ -150,6 +151,7 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
     Kind kind = Kind::get;
     TransferRequest request;  ///< an atomic's or flush's: only `peer`
     AtomicRequest atomic;
+    std::uint64_t tag = 0;  ///< a notification's
     KeyRecord key;
     std::unique_ptr<asio::steady_timer> timer;
     /// Set by the cancellation handler on the emitting thread, before it
@@ -182,7 +184,9 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
   std::map<PeerId, Peer> peers;
   std::map<std::uint64_t, std::shared_ptr<MapOp>> maps;           // not yet answered
   std::map<std::uint64_t, std::shared_ptr<TransferOp>> transfers;  // not yet finished
-  std::vector<std::uint64_t> flushes_waiting;                       // for earlier puts to end
+  std::vector<std::uint64_t> flushes_waiting;                       // flushes and notifications, for earlier puts
+  detail::NotificationInbox inbox;                                   // touched on the progress thread only
+  std::atomic<std::uint64_t> refused_notifications{0};
   std::size_t held_count = 0;
   std::size_t cancelled_transfers = 0;
   std::size_t handed_off = 0;
@@ -405,8 +409,9 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
   Result<void> admit_transfer(TransferOp& op) {
     const auto& req = op.request;
     if (shut_down) return fail(errc::shutting_down, "backend shut down");
-    if (op.kind == Kind::flush) {
-      CORMA_TRY(connected_peer(req.peer));
+    if (op.kind == Kind::flush || op.kind == Kind::notify) {
+      CORMA_TRY(auto* peer, connected_peer(req.peer));
+      op.key.instance = peer->remote_instance;  // where a notification goes
       return success();
     }
     if (op.kind == Kind::atomic) {
@@ -496,10 +501,10 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
     }
     op->admitted = true;
     changed.notify_all();
-    if (op->kind == Kind::flush) {
+    if (op->kind == Kind::flush || op->kind == Kind::notify) {
       if (puts_before(op_id, op->request.peer)) return flushes_waiting.push_back(op_id);
       lock.unlock();
-      return finish_transfer(op_id, success());
+      return puts_done(op_id);
     }
     if (holding_transfers) {
       held_transfers.push_back(op_id);
@@ -618,8 +623,51 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
     // The transfer ended before the unmap did: answer in that order.
     answer.deliver(std::move(outcome));
     answer_all(std::move(waiters));
-    for (auto flush : flushed) finish_transfer(flush, success());
+    for (auto flush : flushed) puts_done(flush);
     if (drained) finish_shutdown();
+  }
+
+  /// A flush or notification whose earlier puts are all done: the flush is,
+  /// and the notification goes to the target's progress thread, which
+  /// queues it if it accepted this side and answers back.
+  void puts_done(std::uint64_t op_id) {
+    std::shared_ptr<TransferOp> op;
+    {
+      std::lock_guard lock(mutex);
+      auto it = transfers.find(op_id);
+      if (it == transfers.end()) return;
+      op = it->second;
+    }
+    if (op->kind == Kind::flush) return finish_transfer(op_id, success());
+    std::shared_ptr<State> target;
+    {
+      std::lock_guard lock(fabric().mutex);
+      auto it = fabric().backends.find(op->key.instance);
+      if (it != fabric().backends.end()) target = it->second.lock();
+    }
+    if (!target) return finish_transfer(op_id, fail(errc::peer_unreachable, "peer is gone"));
+    asio::post(target->io, [target, sender = weak_from_this(), from = instance, tag = op->tag, op_id] {
+      auto queued = target->accept_notification(from, tag);
+      post_to(sender, [op_id, queued](State& s) { s.finish_transfer(op_id, queued); });
+    });
+  }
+
+  /// On this (the target's) progress thread: a notification from backend
+  /// instance `from`, queued if this side is connected to it.
+  Result<void> accept_notification(std::uint64_t from, std::uint64_t tag) {
+    std::optional<PeerId> sender;
+    {
+      std::lock_guard lock(mutex);
+      if (shut_down) return fail(errc::peer_unreachable, "peer shut down");
+      for (const auto& [id, peer] : peers) {
+        if (peer.remote_instance == from) sender = id;
+      }
+    }
+    if (!sender) {
+      refused_notifications.fetch_add(1);
+      return fail(errc::peer_unreachable, "the target does not accept notifications from this side");
+    }
+    return inbox.deliver(Notification{*sender, tag});
   }
 
   /// The waiting flushes no earlier put holds back any more, taken off the
@@ -661,6 +709,7 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
   /// still holds registrations it already refuses to unmap. `force` (the
   /// destructor) does not wait.
   void run_shutdown(Completion<void(Result<void>)> done, bool force) {
+    inbox.close(Error{errc::shutting_down, "backend shut down"});
     {
       std::unique_lock lock(mutex);
       shut_down = true;
@@ -884,6 +933,31 @@ void TestBackend::do_atomic(AtomicRequest request, Handler<std::uint64_t> h) {
   op->atomic = std::move(request);
   submit(state_, op, op->answer.value_completion);
 }
+
+void TestBackend::do_notify(PeerId peer, std::uint64_t tag, Handler<void> h) {
+  auto op = std::make_shared<State::TransferOp>();
+  op->answer.completion = Completion<void(Result<void>)>(std::move(h));
+  op->kind = State::Kind::notify;
+  op->request.peer = peer;
+  op->tag = tag;
+  submit(state_, op, op->answer.completion);
+}
+
+void TestBackend::do_receive_notification(Handler<Notification> h) {
+  auto receiver = std::make_shared<detail::NotificationInbox::Receiver>();
+  receiver->completion = Completion<void(Result<Notification>)>(std::move(h));
+  // A cancelled receive takes nothing: every cancellation type is honoured.
+  receiver->completion.on_cancellation(detail::any_cancellation, [weak = std::weak_ptr(state_),
+                                                                  weak_receiver = std::weak_ptr(receiver)] {
+    auto target = weak_receiver.lock();
+    if (!target) return;
+    target->cancelled.store(true);
+    State::post_to(weak, [target](State& s) { s.inbox.cancel(target); });
+  });
+  asio::post(state_->io, [state = state_, receiver] { state->inbox.receive(receiver, state->io.get_executor()); });
+}
+
+std::uint64_t TestBackend::refused_notifications() const { return state_->refused_notifications.load(); }
 
 void TestBackend::do_flush(PeerId peer, Handler<void> h) {
   auto op = std::make_shared<State::TransferOp>();

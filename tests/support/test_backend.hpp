@@ -43,6 +43,7 @@ class TestBackend final : public RdmaBackend {
   [[nodiscard]] BackendId wire_id() const noexcept override { return test_backend_id; }
   [[nodiscard]] asio::any_io_executor progress_executor() const override;
   [[nodiscard]] std::optional<std::size_t> live_registrations() const override;
+  [[nodiscard]] std::uint64_t refused_notifications() const override;
 
   void set_faults(const TestBackendFaults& faults);
 
@@ -85,6 +86,8 @@ class TestBackend final : public RdmaBackend {
   void do_put_batch(TransferBatch batch, Handler<BatchOutcome> h) override;
   void do_atomic(AtomicRequest request, Handler<std::uint64_t> h) override;
   void do_flush(PeerId peer, Handler<void> h) override;
+  void do_notify(PeerId peer, std::uint64_t tag, Handler<void> h) override;
+  void do_receive_notification(Handler<Notification> h) override;
   void do_import_key(PeerId peer, PackedKey packed_key, Handler<RemoteKeyId> h) override;
   void do_release_key(RemoteKeyId key, Handler<void> h) override;
   void do_peer_offer(Handler<PeerOffer> h) override;

@@ -21,7 +21,7 @@ struct HostileOffer {
 };
 
 /// `worker_address_blob` is a real UCX worker address in corma's old offer
-/// framing ("CUA1"): what a consumer of the previous design sent.
+/// framing (the answer record): what a consumer of the previous design sent.
 inline std::vector<HostileOffer> hostile_offers(const std::vector<std::byte>& worker_address_blob) {
   const auto valid = ucx::wire::encode_offer();
   auto with = [&valid](std::size_t at, std::byte value) {
@@ -41,7 +41,7 @@ inline std::vector<HostileOffer> hostile_offers(const std::vector<std::byte>& wo
       {"old-style worker address", worker_address_blob},
       // The offer that aborted the process inside ucp_address_unpack: well
       // framed, with a malformed worker address inside.
-      {"old-style malformed address", ucx::wire::encode_address(std::vector<std::byte>(40, std::byte{7}))},
+      {"old-style malformed address", ucx::wire::encode_address(7, std::vector<std::byte>(40, std::byte{7}))},
   };
   auto oversized = valid;
   oversized.resize(max_peer_blob_size + 1);

@@ -60,7 +60,7 @@ class Attacker {
   }
 
   void connect(const std::vector<std::byte>& answer) {
-    auto address = ucx::wire::decode_address(answer).value();
+    auto address = ucx::wire::decode_address(answer).value().address;
     ucp_ep_params_t params{};
     params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
     params.address = reinterpret_cast<const ucp_address_t*>(address.data());

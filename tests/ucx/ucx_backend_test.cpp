@@ -125,16 +125,39 @@ TEST(UcxWire, RkeyStructureMustBeExact) {
   EXPECT_FALSE(wire::check_rkey_structure(std::vector<B>{{}, {}, {}, {}, {}, {}, {}, {}, {}}));
 }
 
-TEST(UcxWire, AddressBlobsAreFramed) {
+TEST(UcxWire, AddressBlobsAreFramedWithTheirNotificationToken) {
   const std::vector<std::byte> address(79, std::byte{0x42});
-  auto blob = wire::encode_address(address);
+  auto blob = wire::encode_address(0x1122334455667788ULL, address);
   auto decoded = wire::decode_address(blob);
   ASSERT_TRUE(decoded);
-  EXPECT_TRUE(std::equal(address.begin(), address.end(), decoded.value().begin()));
+  EXPECT_EQ(decoded.value().token, 0x1122334455667788ULL);
+  EXPECT_TRUE(std::equal(address.begin(), address.end(), decoded.value().address.begin()));
   blob.pop_back();
   EXPECT_TRUE(wire::decode_address(blob).error().is(errc::protocol));
   EXPECT_TRUE(wire::decode_address({}).error().is(errc::protocol));
   EXPECT_TRUE(wire::decode_address(std::vector<std::byte>(corma::max_peer_blob_size + 1)).error().is(errc::protocol));
+}
+
+TEST(UcxWire, NotificationHeadersAndAcknowledgementsAreExact) {
+  const wire::NotifyHeader header{1, 2, 3};
+  auto bytes = wire::encode_notify(header);
+  ASSERT_EQ(bytes.size(), 24u);
+  auto decoded = wire::decode_notify(bytes);
+  ASSERT_TRUE(decoded);
+  EXPECT_EQ(decoded.value().token, 1u);
+  EXPECT_EQ(decoded.value().tag, 2u);
+  EXPECT_EQ(decoded.value().sequence, 3u);
+  bytes.push_back(std::byte{0});
+  EXPECT_TRUE(wire::decode_notify(bytes).error().is(errc::protocol));
+  EXPECT_TRUE(wire::decode_notify({}).error().is(errc::protocol));
+
+  auto ack = wire::encode_ack({9, static_cast<std::uint64_t>(wire::NotifyStatus::queue_full)});
+  ASSERT_EQ(ack.size(), 16u);
+  EXPECT_EQ(wire::decode_ack(ack).value().status, static_cast<std::uint64_t>(wire::NotifyStatus::queue_full));
+  auto unknown = wire::encode_ack({9, 77});
+  EXPECT_TRUE(wire::decode_ack(unknown).error().is(errc::protocol));
+  ack.pop_back();
+  EXPECT_TRUE(wire::decode_ack(ack).error().is(errc::protocol));
 }
 
 TEST(UcxWire, OffersAreExactlyMagicAndVersion) {
@@ -154,7 +177,7 @@ TEST(UcxWire, OffersAreExactlyMagicAndVersion) {
   trailing.push_back(std::byte{0});
   EXPECT_TRUE(wire::decode_offer(trailing).error().is(errc::protocol));
   EXPECT_TRUE(wire::decode_offer(std::vector<std::byte>(corma::max_peer_blob_size + 1)).error().is(errc::protocol));
-  auto address = wire::decode_offer(wire::encode_address(std::vector<std::byte>(79, std::byte{0x42})));
+  auto address = wire::decode_offer(wire::encode_address(5, std::vector<std::byte>(79, std::byte{0x42})));
   ASSERT_FALSE(address);
   EXPECT_NE(address.error().detail.find("worker address"), std::string::npos) << address.error().message();
 }

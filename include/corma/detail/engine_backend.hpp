@@ -30,6 +30,7 @@ class EngineBackend : public RdmaBackend {
 
   [[nodiscard]] asio::any_io_executor progress_executor() const final;
   [[nodiscard]] std::optional<std::size_t> live_registrations() const final;
+  [[nodiscard]] std::uint64_t refused_notifications() const final;
   /// Transfers posted to the provider and not yet finished (answered or not).
   [[nodiscard]] std::size_t transfers_in_flight() const;
 
@@ -44,6 +45,8 @@ class EngineBackend : public RdmaBackend {
   void do_put_batch(TransferBatch batch, Handler<BatchOutcome> h) final;
   void do_atomic(AtomicRequest request, Handler<std::uint64_t> h) final;
   void do_flush(PeerId peer, Handler<void> h) final;
+  void do_notify(PeerId peer, std::uint64_t tag, Handler<void> h) final;
+  void do_receive_notification(Handler<Notification> h) final;
   void do_import_key(PeerId peer, PackedKey packed_key, Handler<RemoteKeyId> h) final;
   void do_release_key(RemoteKeyId key, Handler<void> h) final;
   void do_peer_offer(Handler<PeerOffer> h) final;

@@ -12,6 +12,7 @@
 #include "backend_kit/ops.hpp"
 #include "backend_kit/progress_executor.hpp"
 
+#include <corma/detail/notification_inbox.hpp>
 #include <corma/progress.hpp>
 
 #include <boost/asio/executor_work_guard.hpp>
@@ -87,6 +88,7 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   virtual void initiate_batch(bool is_put, TransferBatch batch, RdmaBackend::Handler<BatchOutcome> h) = 0;
   virtual void initiate_atomic(AtomicRequest request, RdmaBackend::Handler<std::uint64_t> h) = 0;
   virtual void initiate_flush(PeerId peer, RdmaBackend::Handler<void> h) = 0;
+  virtual void initiate_notify(PeerId peer, std::uint64_t tag, RdmaBackend::Handler<void> h) = 0;
 
   /// RdmaBackend::progress_executor(): runs work on the progress thread
   /// (progress_executor.hpp).
@@ -96,6 +98,9 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   void stop_accepting() noexcept { accepting_.store(false, std::memory_order_release); }
   [[nodiscard]] std::size_t live_registrations() const noexcept { return live_.load(std::memory_order_acquire); }
   [[nodiscard]] std::size_t transfers_in_flight() const noexcept { return in_flight_.load(std::memory_order_acquire); }
+  [[nodiscard]] std::uint64_t refused_notifications() const noexcept {
+    return refused_notifications_.load(std::memory_order_relaxed);
+  }
 
   // ---- provider hooks (progress thread) ----
 
@@ -145,6 +150,18 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   void cancel_map(const std::shared_ptr<MapOp>& op);
   void run_unmap(const std::shared_ptr<VoidOp>& op, RegionId id);
   void cancel_unmap(const std::shared_ptr<VoidOp>& op);
+
+  using Receiver = detail::NotificationInbox::Receiver;
+  void run_receive(const std::shared_ptr<Receiver>& receiver) { inbox_.receive(receiver, progress_executor()); }
+  void cancel_receive(const std::shared_ptr<Receiver>& receiver) { inbox_.cancel(receiver); }
+  /// A notification from an accepted peer arrived: queued for a receiver,
+  /// or refused (`budget_exceeded`: the sender is told).
+  Result<void> deliver_notification(Notification notification) {
+    if (closed()) return shut_down_error();
+    return inbox_.deliver(notification);
+  }
+  /// One arrived from a peer this side never accepted: dropped, counted.
+  void note_refused_notification() noexcept { refused_notifications_.fetch_add(1, std::memory_order_relaxed); }
 
   /// What every import checks before the provider sees the key: open, the
   /// key's size, and room in the peer's table (`imported` keys already).
@@ -214,6 +231,8 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   std::shared_ptr<CommandQueue> commands_ = std::make_shared<CommandQueue>(io);
   std::atomic<std::size_t> live_{0};
   std::atomic<std::size_t> in_flight_{0};
+  std::atomic<std::uint64_t> refused_notifications_{0};
+  detail::NotificationInbox inbox_;
   std::atomic<std::size_t> queued_{0};
   std::atomic<bool> accepting_{true};
   bool quitting_ = false;

@@ -25,6 +25,7 @@ void initiate_peer_accept(EngineCore& engine, std::vector<std::byte> offer, Rdma
 void initiate_peer_complete(EngineCore& engine, PeerId peer, std::vector<std::byte> answer,
                             RdmaBackend::Handler<void> h);
 void initiate_peer_close(EngineCore& engine, PeerId peer, RdmaBackend::Handler<void> h);
+void initiate_receive_notification(EngineCore& engine, RdmaBackend::Handler<Notification> h);
 void initiate_shutdown(EngineCore& engine, RdmaBackend::Handler<void> h);
 
 /// Starts the progress thread: it runs `start` (which creates the provider's

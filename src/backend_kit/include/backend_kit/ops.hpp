@@ -41,10 +41,10 @@ struct VoidOp {
   bool answered = false;
 };
 
-/// What a transfer op does. Atomics and flushes name no local region
+/// What a transfer op does. Atomics, flushes and notifications name no local region
 /// (`request.local` stays 0) but are tracked, timed out, failed with their
 /// peer and answered at shutdown like gets and puts.
-enum class TransferKind : std::uint8_t { get, put, atomic, flush };
+enum class TransferKind : std::uint8_t { get, put, atomic, flush, notify };
 
 /// "get", "put", "atomic" or "flush", for messages.
 [[nodiscard]] constexpr const char* kind_name(TransferKind kind) noexcept {
@@ -53,11 +53,12 @@ enum class TransferKind : std::uint8_t { get, put, atomic, flush };
     case TransferKind::put: return "put";
     case TransferKind::atomic: return "atomic";
     case TransferKind::flush: return "flush";
+    case TransferKind::notify: return "notify";
   }
   return "transfer";
 }
 
-/// A get, put, atomic or flush. Providers derive from it to keep their own
+/// A get, put, atomic, flush or notification. Providers derive from it to keep their own
 /// per-transfer state and run their engine over that type
 /// (TransferEngine<Op>). An element of a batch reports to its batch's tally
 /// instead of its own completion (which stays empty); an atomic answers
@@ -68,6 +69,7 @@ struct TransferOp : VoidOp {
   TransferRequest request;
   AtomicRequest atomic;  ///< kind == atomic
   std::uint64_t fetched = 0;  ///< the word's old value, set by the provider
+  std::uint64_t tag = 0;      ///< kind == notify
   Completion<void(Result<std::uint64_t>)> value_completion;
   std::uint64_t id = 0;  // 0 until admitted
   std::chrono::steady_clock::time_point deadline;

@@ -59,6 +59,18 @@ class TransferEngine : public EngineCore {
            [this, op](Error e) { op->completion.post(progress_executor(), std::move(e)); });
   }
 
+  void initiate_notify(PeerId peer, std::uint64_t tag, RdmaBackend::Handler<void> h) final {
+    auto op = make_op();
+    op->completion = Completion<void(Result<void>)>(std::move(h));
+    op->kind = TransferKind::notify;
+    op->request.peer = peer;
+    op->tag = tag;
+    // Like a transfer's: the notification may still arrive.
+    watch_cancellation(op, detail::terminal_only, [this](const std::shared_ptr<Op>& o) { cancel_transfer(o); });
+    submit([this, op] { run_notify(op); },
+           [this, op](Error e) { op->completion.post(progress_executor(), std::move(e)); });
+  }
+
   void initiate_batch(bool is_put, TransferBatch batch, RdmaBackend::Handler<BatchOutcome> h) final {
     auto op = std::allocate_shared<BatchOp<Op>>(asio::recycling_allocator<BatchOp<Op>>(),
                                                 detail::BatchTally::BatchCompletion(std::move(h)), batch.size());
@@ -102,6 +114,10 @@ class TransferEngine : public EngineCore {
   /// Completes once every put to `op->request.peer` issued before is
   /// complete at the target.
   virtual void run_flush(const std::shared_ptr<Op>& op) = 0;
+  /// Sends `op->tag` to `op->request.peer` once every put to it issued
+  /// before is complete there; answered once the target queued it (or
+  /// refused it: deliver_notification's answer on that side).
+  virtual void run_notify(const std::shared_ptr<Op>& op) = 0;
   /// The provider cannot stop a posted transfer: the caller is released, the
   /// region stays pinned until the transfer really ends.
   virtual void cancel_transfer(const std::shared_ptr<Op>& op) {
