@@ -19,7 +19,7 @@ RawWorker::RawWorker(const std::string& tls) {
   ucp_config_modify(config, "TLS", tls.c_str());
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
-  params.features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;  // as corma's backend
+  params.features = UCP_FEATURE_RMA | UCP_FEATURE_AMO64 | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;  // as corma's backend
   const auto init = ucp_init(&params, config, &context_);
   ucp_config_release(config);
   check(init, "ucp_init");

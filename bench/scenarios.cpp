@@ -3,8 +3,10 @@
 #include "scenarios.hpp"
 
 #include "bench_support.hpp"
+#include "corma_pair.hpp"
 #include "fetch_many.hpp"
 #include "parallel_fetch.hpp"
+#include "one_sided.hpp"
 #include "registration_reuse.hpp"
 #include "file_fetch.hpp"
 #include "owner_names.hpp"
@@ -45,36 +47,6 @@ namespace corma::bench {
 namespace asio = boost::asio;
 
 namespace {
-
-/// A corma initiator and target connected as peers, with one exported
-/// region on the target (its key imported once by the initiator) and one
-/// local region on the initiator.
-struct CormaPair {
-  std::shared_ptr<ucx::Backend> initiator;
-  std::shared_ptr<ucx::Backend> target;
-  PeerId peer{};
-  BackendRegion remote;
-  BackendRegion local;
-  RemoteKeyId key{};
-
-  /// A get of `size` bytes at `offset` on both sides, naming the imported key.
-  [[nodiscard]] GetRequest get(std::size_t offset, std::size_t size) const {
-    return GetRequest{peer, local.id, offset, remote.effective_addr + offset, size, key};
-  }
-
-  CormaPair(const std::string& transport, std::byte* remote_memory, std::byte* local_memory, std::size_t size) {
-    initiator = must(ucx::Backend::create(corma_config(transport)), "corma initiator");
-    target = must(ucx::Backend::create(corma_config(transport)), "corma target");
-    auto offer = must(initiator->async_peer_offer(asio::use_future).get(), "offer");
-    auto answer = must(target->async_peer_accept(offer.blob, asio::use_future).get(), "accept");
-    must(initiator->async_peer_complete(offer.peer, answer.blob, asio::use_future).get(), "complete");
-    peer = offer.peer;
-    remote = must(target->async_map(remote_memory, size, Access::remote_read_write, asio::use_future).get(), "map");
-    local = must(initiator->async_map(local_memory, size, Access::local, asio::use_future).get(), "map");
-    key = must(initiator->async_import_key(peer, remote.packed_key, asio::use_future).get(), "import key");
-  }
-};
-
 
 /// `total` gets of `size` with `window` outstanding through corma, chained
 /// from the completions on the progress thread. Returns seconds.
@@ -535,6 +507,11 @@ std::vector<Measurement> run_scenarios(const Options& options) {
       }
     }
     if (selected(options, "put_batch")) keep(transfer_batch(options, transport, corma, raw, local_memory.data(), 8, 64, true));
+  }
+  for (const auto& transport : options.transports) {
+    if (selected(options, "atomic_latency")) keep(atomic_latency(options, transport));
+    if (selected(options, "atomic_rate")) keep(atomic_rate(options, transport));
+    if (selected(options, "put_notify_latency")) keep(put_notify_latency(options, transport));
   }
   if (selected(options, "end_to_end_fetch")) {
     for (auto size : {1 * MiB, 64 * MiB}) {

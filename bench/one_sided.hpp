@@ -1,0 +1,27 @@
+// One-sided push: atomics and put-then-notify through corma's UCX backend,
+// each against the same UCX calls made directly.
+#pragma once
+
+#include "scenarios.hpp"
+
+#include <string>
+
+namespace corma::bench {
+
+/// `atomic_latency op=fetch_add size=8B`: one fetch_add at a time, chained
+/// from completions on the progress thread; against ucp_atomic_op_nbx
+/// waited for one at a time. Target: median <= raw + 1 us.
+Measurement atomic_latency(const Options& options, const std::string& transport);
+
+/// `atomic_rate op=fetch_add outstanding=64 inline`: 64 coroutines on the
+/// backend's progress executor, each awaiting its own fetch_adds; against
+/// raw fetch_adds kept 64 in flight. Target: ratio >= 0.70.
+Measurement atomic_rate(const Options& options, const std::string& transport);
+
+/// `put_notify_latency size=64KiB`: a put and a notification behind it,
+/// timed until the target's receiver has the notification; against a raw
+/// put, endpoint flush and active message, timed until the target's
+/// handler ran. Target: median <= 1.1 x raw.
+Measurement put_notify_latency(const Options& options, const std::string& transport);
+
+}  // namespace corma::bench
