@@ -7,13 +7,16 @@
 
 #include <array>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <numeric>
 #include <string>
 
 namespace corma::verbs {
 namespace {
 
 using backend_kit::answer;
+using backend_kit::TransferKind;
 
 backend_kit::EngineSettings settings_of(const Config& c) {
   return {"verbs", c.progress, c.spin_time, c.command_queue_capacity, c.operation_timeout, c.shutdown_timeout};
@@ -37,9 +40,36 @@ Result<asio::posix::stream_descriptor> watch_fd(asio::io_context& io, int fd, co
 
 constexpr int access_flags(Access access) {
   int flags = IBV_ACCESS_LOCAL_WRITE;  // the destination of a get
-  if (access != Access::local) flags |= IBV_ACCESS_REMOTE_READ;
-  if (access == Access::remote_read_write) flags |= IBV_ACCESS_REMOTE_WRITE;
+  if (access_allows(access, Access::remote_read)) flags |= IBV_ACCESS_REMOTE_READ;
+  if (access_allows(access, Access::remote_read_write)) flags |= IBV_ACCESS_REMOTE_WRITE;
+  if (access_allows(access, Access::remote_atomic)) flags |= IBV_ACCESS_REMOTE_ATOMIC;
   return flags;
+}
+
+/// Verbs has fetch-and-add and compare-and-swap; `add` is a fetch-and-add
+/// whose old value nobody reads, `swap` a compare-and-swap loop.
+bool is_fetch_add(AtomicOp op) { return op == AtomicOp::add || op == AtomicOp::fetch_add; }
+
+/// What a failed work request was doing, for its error's detail.
+std::string describe_work(const VerbsTransferOp& op) {
+  if (op.kind == TransferKind::atomic) {
+    char where[32];
+    std::snprintf(where, sizeof where, "0x%llx", static_cast<unsigned long long>(op.atomic.remote_addr));
+    return std::string(is_fetch_add(op.atomic.op) ? "ATOMIC FETCH_AND_ADD" : "ATOMIC CMP_AND_SWP") + " on " + where;
+  }
+  return std::string(op.kind == TransferKind::put ? "RDMA WRITE" : "RDMA READ") + " of " +
+         std::to_string(op.request.len) + " bytes";
+}
+
+/// A key a transfer or atomic names: imported for `imported`'s peer, or
+/// packed in the request.
+Result<wire::RemoteKey> key_named(const TransferKey& named, const std::map<RemoteKeyId, wire::RemoteKey>& imported) {
+  if (const auto* id = std::get_if<RemoteKeyId>(&named)) {
+    auto found = imported.find(*id);
+    if (found == imported.end()) return fail(errc::invalid_key, "no key imported under that id for this peer");
+    return found->second;
+  }
+  return wire::decode_key(std::get<PackedKey>(named));
 }
 
 constexpr std::uint32_t max_chain = 16;  // work requests per ibv_post_send call
@@ -61,6 +91,7 @@ Result<void> Backend::Engine::start() {
   max_message = device.port_attr.max_msg_sz;
   const int device_rd = device.device_attr.max_qp_rd_atom > 0 ? device.device_attr.max_qp_rd_atom : 1;
   rd_atomic = config.max_rd_atomic != 0 ? config.max_rd_atomic : static_cast<std::uint32_t>(std::min(device_rd, 16));
+  atomics_supported = device.device_attr.atomic_cap != IBV_ATOMIC_NONE;
   auto started = [&]() -> Result<void> {
     ibv_context* context = device.context.get();
     pd = own<OwnedPd>(*api, api->alloc_pd(context));
@@ -70,6 +101,9 @@ Result<void> Backend::Engine::start() {
     cq = own<OwnedCq>(*api, api->create_cq(context, static_cast<int>(config.completion_queue_depth), nullptr,
                                             channel.get(), 0));
     if (cq == nullptr) return call_failed(errc::not_configured, "ibv_create_cq", errno);
+    if (atomics_supported) {
+      CORMA_TRY(register_scratch());
+    }
     CORMA_TRY(cq_wake, watch_fd(io, channel->fd, "completion channel fd"));
     CORMA_TRY(async_wake, watch_fd(io, device.context->async_fd, "async event fd"));
     return success();
@@ -93,15 +127,36 @@ void Backend::Engine::tear_down() {
   if (cq != nullptr) consume_cq_events();  // every event acknowledged, or destroying the CQ blocks
   cq.reset();
   channel.reset();
+  scratch_mr.reset();  // after every queue pair that could write into it
   pd.reset();
   device.context.reset();
   mark_torn_down();
+}
+
+Error Backend::Engine::no_atomics() const {
+  return Error{errc::not_configured, "verbs: " + device.name + " has no atomics (atomic_cap is IBV_ATOMIC_NONE)"};
+}
+
+Result<void> Backend::Engine::register_scratch() {
+  scratch.assign(config.completion_queue_depth, 0);
+  errno = 0;
+  scratch_mr = own<OwnedMr>(*api, api->reg_mr(pd.get(), scratch.data(), scratch.size() * sizeof(std::uint64_t),
+                                              IBV_ACCESS_LOCAL_WRITE));
+  if (scratch_mr == nullptr) {
+    return call_failed(errc::not_configured, "ibv_reg_mr (atomic scratch area)", errno != 0 ? errno : EINVAL);
+  }
+  free_slots.resize(scratch.size());
+  std::iota(free_slots.rbegin(), free_slots.rend(), std::uint32_t{0});  // slot 0 is taken first
+  return success();
 }
 
 // ---- registration ----
 
 Result<backend_kit::EngineCore::Registration> Backend::Engine::provider_map(void* ptr, std::size_t len,
                                                                           Access access) {
+  // Refused here rather than by a peer's NIC later: the key would promise
+  // atomics this device cannot serve.
+  if (access_allows(access, Access::remote_atomic) && !atomics_supported) return no_atomics();
   const int flags = access_flags(access);
   errno = 0;
   ibv_mr* mr = nullptr;
@@ -118,7 +173,7 @@ Result<backend_kit::EngineCore::Registration> Backend::Engine::provider_map(void
   const auto end = (reinterpret_cast<std::uint64_t>(ptr) + len + page - 1) / page * page;
   PackedKey key;
   if (access != Access::local) {
-    key = wire::encode_key({mr->rkey, reinterpret_cast<std::uint64_t>(ptr), len});
+    key = wire::encode_key({mr->rkey, reinterpret_cast<std::uint64_t>(ptr), len, access});
   }
   return Registration{mr, first, end - first, std::move(key)};
 }
@@ -149,9 +204,11 @@ Result<OwnedQp> Backend::Engine::create_qp() {
   attr.qp_state = IBV_QPS_INIT;
   attr.pkey_index = 0;
   attr.port_num = config.port;
-  // The queue pair admits remote reads and writes; each region's own access
-  // flags decide what a peer may really do.
+  // The queue pair admits remote reads, writes and (where the device has
+  // them) atomics; each region's own access flags decide what a peer may
+  // really do.
   attr.qp_access_flags = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
+  if (atomics_supported) attr.qp_access_flags |= IBV_ACCESS_REMOTE_ATOMIC;
   if (int rc = api->modify_qp(qp.get(), &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
       rc != 0) {
     return call_failed(errc::backend, "ibv_modify_qp(INIT)", rc);
@@ -224,6 +281,9 @@ void Backend::Engine::break_peer(Peer& peer, const Error& why) {
   auto backlog = std::move(peer.backlog);
   peer.backlog.clear();
   for (auto& op : backlog) abandon_unposted(*op, why);
+  // Posted work still flushes, but what it did is now unknowable: the
+  // flushes waiting for it are answered now, like the backlog.
+  fail_flushes(peer, why);
 }
 
 namespace {
@@ -325,17 +385,33 @@ Result<const Backend::Engine::Peer*> Backend::Engine::usable_peer(PeerId id) con
 Result<void> Backend::Engine::admit_remote(VerbsTransferOp& op) const {
   const auto& req = op.request;
   CORMA_TRY(auto peer, usable_peer(req.peer));
-  wire::RemoteKey key;
-  if (const auto* id = std::get_if<RemoteKeyId>(&req.key)) {
-    auto imported = peer->imported.find(*id);
-    if (imported == peer->imported.end()) return fail(errc::invalid_key, "no key imported under that id for this peer");
-    key = imported->second;
-  } else {
-    CORMA_TRY(key, wire::decode_key(std::get<PackedKey>(req.key)));
-  }
+  CORMA_TRY(auto key, key_named(req.key, peer->imported));
   if (req.remote_addr < key.addr) return fail(errc::out_of_range, "remote address below the key's range");
   CORMA_TRY(validate_slice(req.remote_addr - key.addr, req.len, key.len));
   op.rkey = key.rkey;
+  return success();
+}
+
+Result<void> Backend::Engine::still_wanted(const VerbsTransferOp& op) const {
+  if (op.cancelled.load(std::memory_order_acquire)) {
+    return fail(errc::cancelled, std::string(backend_kit::kind_name(op.kind)) + " cancelled before it ran");
+  }
+  if (closed()) return shut_down_error();
+  return success();
+}
+
+Result<void> Backend::Engine::admit_atomic(VerbsTransferOp& op) const {
+  CORMA_TRY(still_wanted(op));
+  if (!atomics_supported) return no_atomics();
+  const auto& req = op.atomic;
+  CORMA_TRY(auto peer, usable_peer(req.peer));
+  CORMA_TRY(auto key, key_named(req.key, peer->imported));
+  CORMA_TRY(validate_atomic_word(req.remote_addr, key.addr, key.len, key.access));
+  op.rkey = key.rkey;
+  // A swap's first compare-and-swap guesses 0; each miss returns the value
+  // to guess next.
+  op.compare = req.op == AtomicOp::compare_swap ? req.compare : 0;
+  op.plan = ChunkPlan(atomic_word_size, max_message);
   return success();
 }
 
@@ -350,10 +426,41 @@ void Backend::Engine::run_transfer(const std::shared_ptr<VerbsTransferOp>& op) {
   op->local = region.value()->addr + op->request.local_offset;
   op->plan = ChunkPlan(op->request.len, max_message);
   track(op, *region.value());
+  enqueue(op);
+}
+
+void Backend::Engine::run_atomic(const std::shared_ptr<VerbsTransferOp>& op) {
+  if (auto admitted = admit_atomic(*op); !admitted) return answer(*op, std::move(admitted).error());
+  track(op);
+  enqueue(op);
+}
+
+void Backend::Engine::run_flush(const std::shared_ptr<VerbsTransferOp>& op) {
+  if (auto wanted = still_wanted(*op); !wanted) return answer(*op, std::move(wanted).error());
+  if (auto usable = usable_peer(op->request.peer); !usable) return answer(*op, std::move(usable).error());
   auto& peer = peers.at(op->request.peer);
+  // RC completes a queue pair's work in order, and a write's completion
+  // means its bytes are placed at the target: once everything admitted
+  // before the flush (posted or still in the backlog) has finished, the
+  // puts among it are at the target.
+  if (peer.unfinished == 0) return answer(*op, success());
+  track(op);
+  peer.flushes.push_back({op->id, peer.admitted, peer.unfinished});
+}
+
+void Backend::Engine::run_notify(const std::shared_ptr<VerbsTransferOp>& op) {
+  // Not carried over verbs yet (it needs a receive path: SEND with
+  // immediate data, or a flush and a write into a peer's mailbox).
+  answer(*op, fail(errc::not_configured, "verbs backend has no notifications yet"));
+}
+
+void Backend::Engine::enqueue(const std::shared_ptr<VerbsTransferOp>& op) {
+  auto& peer = peers.at(op->request.peer);
+  op->admission = ++peer.admitted;
+  ++peer.unfinished;
   // Posted at the turn's progress(), chained with the rest of this turn's
-  // transfers to the peer (a batch's elements go in as few posts as the
-  // queues allow).
+  // work to the peer (a batch's elements go in as few posts as the queues
+  // allow).
   peer.backlog.push_back(op);
   schedule_pump(op->request.peer, peer);
 }
@@ -404,16 +511,7 @@ void Backend::Engine::post_chain(Peer& peer, std::uint32_t credits) {
     VerbsTransferOp& op = **it;
     const auto take = static_cast<std::uint32_t>(std::min<std::uint64_t>(credits - n, op.plan.count() - op.posted));
     for (std::uint32_t i = 0; i < take; ++i, ++n) {
-      const Chunk chunk = op.plan[op.posted + i];
-      sges[n] = ibv_sge{reinterpret_cast<std::uint64_t>(op.local + chunk.offset), chunk.len, op.lkey};
-      auto& wr = wrs[n];
-      wr.wr_id = op.id;
-      wr.sg_list = &sges[n];
-      wr.num_sge = chunk.len == 0 ? 0 : 1;
-      wr.opcode = op.is_put ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
-      wr.send_flags = IBV_SEND_SIGNALED;
-      wr.wr.rdma.remote_addr = op.request.remote_addr + chunk.offset;
-      wr.wr.rdma.rkey = op.rkey;
+      prepare_work_request(op, op.posted + i, wrs[n], sges[n]);
       owners[n] = &op;
     }
   }
@@ -422,11 +520,52 @@ void Backend::Engine::post_chain(Peer& peer, std::uint32_t credits) {
   const int rc = api->post_send(peer.qp.get(), wrs.data(), &bad);
   const std::uint32_t accepted = rc == 0 ? n : static_cast<std::uint32_t>(bad - wrs.data());
   for (std::uint32_t i = 0; i < accepted; ++i) ++owners[i]->posted;
+  // Atomics the queue pair did not take hold no slot: they take one again
+  // when they are posted.
+  for (std::uint32_t i = accepted; i < n; ++i) (void)release_scratch(*owners[i]);
   peer.outstanding += accepted;
   outstanding_total += accepted;
   // The transfer whose chunk was refused gives up the rest; those behind it
   // in the chain posted nothing and stay in the backlog.
   if (rc != 0) abandon_unposted(*owners[accepted], call_failed(errc::backend, "ibv_post_send", rc));
+}
+
+void Backend::Engine::prepare_work_request(VerbsTransferOp& op, std::uint64_t index, ibv_send_wr& wr,
+                                           ibv_sge& sge) {
+  wr.wr_id = op.id;
+  wr.sg_list = &sge;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  if (op.kind == TransferKind::atomic) return prepare_atomic(op, wr, sge);
+  const Chunk chunk = op.plan[index];
+  sge = ibv_sge{reinterpret_cast<std::uint64_t>(op.local + chunk.offset), chunk.len, op.lkey};
+  wr.num_sge = chunk.len == 0 ? 0 : 1;
+  wr.opcode = op.kind == TransferKind::put ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
+  wr.wr.rdma.remote_addr = op.request.remote_addr + chunk.offset;
+  wr.wr.rdma.rkey = op.rkey;
+}
+
+void Backend::Engine::prepare_atomic(VerbsTransferOp& op, ibv_send_wr& wr, ibv_sge& sge) {
+  // Never empty here: there are as many slots as CQ entries, a slot is held
+  // only by a posted atomic, and a work request is posted only into CQ room
+  // (see `scratch`).
+  op.scratch_slot = free_slots.back();
+  free_slots.pop_back();
+  sge = ibv_sge{reinterpret_cast<std::uint64_t>(&scratch[op.scratch_slot]), atomic_word_size, scratch_mr->lkey};
+  wr.num_sge = 1;
+  const bool fetch_add = is_fetch_add(op.atomic.op);
+  wr.opcode = fetch_add ? IBV_WR_ATOMIC_FETCH_AND_ADD : IBV_WR_ATOMIC_CMP_AND_SWP;
+  wr.wr.atomic.remote_addr = op.atomic.remote_addr;
+  wr.wr.atomic.compare_add = fetch_add ? op.atomic.operand : op.compare;
+  wr.wr.atomic.swap = fetch_add ? 0 : op.atomic.operand;
+  wr.wr.atomic.rkey = op.rkey;
+}
+
+std::uint64_t Backend::Engine::release_scratch(VerbsTransferOp& op) {
+  if (op.scratch_slot == VerbsTransferOp::no_slot) return 0;
+  const std::uint64_t word = scratch[op.scratch_slot];
+  free_slots.push_back(op.scratch_slot);
+  op.scratch_slot = VerbsTransferOp::no_slot;
+  return word;
 }
 
 void Backend::Engine::abandon_unposted(VerbsTransferOp& op, const Error& why) {
@@ -442,24 +581,12 @@ void Backend::Engine::finish_if_done(VerbsTransferOp& op) {
 
 void Backend::Engine::on_completion(const ibv_wc& wc) {
   --outstanding_total;
-  auto peer_id = peer_by_qp_num.find(wc.qp_num);
-  Peer* peer = peer_id != peer_by_qp_num.end() ? &peers.at(peer_id->second) : nullptr;
+  const auto known = peer_by_qp_num.find(wc.qp_num);
+  const PeerId peer_id = known != peer_by_qp_num.end() ? known->second : PeerId{};
+  Peer* peer = known != peer_by_qp_num.end() ? &peers.at(peer_id) : nullptr;
   if (peer != nullptr) --peer->outstanding;
 
-  if (auto* found = find_transfer(wc.wr_id)) {
-    auto& op = *found;
-    ++op.completed;
-    if (wc.status == IBV_WC_WR_FLUSH_ERR) {
-      if (!op.failure) {
-        op.failure = closing() ? shut_down_error()
-                             : Error{errc::peer_unreachable, "verbs: flushed: the queue pair is in the error state"};
-      }
-    } else if (wc.status != IBV_WC_SUCCESS && !op.failure) {
-      op.failure = completion_error(wc, std::string(op.is_put ? "RDMA WRITE" : "RDMA READ") + " of " +
-                                            std::to_string(op.request.len) + " bytes");
-    }
-    finish_if_done(op);
-  }
+  if (auto* found = find_transfer(wc.wr_id)) on_work_completed(*found, wc, peer_id, peer);
   if (completion_queue_full) {
     completion_queue_full = false;
     for (auto& [id, waiting] : peers) {
@@ -472,9 +599,51 @@ void Backend::Engine::on_completion(const ibv_wc& wc) {
   if (wc.status != IBV_WC_SUCCESS && !peer->broken) {
     break_peer(*peer, Error{errc::peer_unreachable, "verbs: the queue pair entered the error state"});
   }
-  if (peer->close_waiter && peer->outstanding == 0) return destroy_peer(peers.find(peer_id->second));
+  if (peer->close_waiter && peer->outstanding == 0) return destroy_peer(peers.find(peer_id));
   // Refilled once the polled batch is handled: the freed slots go in one chain.
-  if (!peer->backlog.empty()) schedule_pump(peer_id->second, *peer);
+  if (!peer->backlog.empty()) schedule_pump(peer_id, *peer);
+}
+
+void Backend::Engine::on_work_completed(VerbsTransferOp& op, const ibv_wc& wc, PeerId peer_id, Peer* peer) {
+  ++op.completed;
+  const std::uint64_t old = release_scratch(op);
+  if (wc.status == IBV_WC_WR_FLUSH_ERR) {
+    if (!op.failure) {
+      op.failure = closing() ? shut_down_error()
+                             : Error{errc::peer_unreachable, "verbs: flushed: the queue pair is in the error state"};
+    }
+  } else if (wc.status != IBV_WC_SUCCESS) {
+    if (!op.failure) op.failure = completion_error(wc, describe_work(op));
+  } else if (op.kind == TransferKind::atomic && !atomic_applied(op, old, peer_id, peer)) {
+    return;
+  }
+  finish_if_done(op);
+}
+
+bool Backend::Engine::atomic_applied(VerbsTransferOp& op, std::uint64_t old, PeerId peer_id, Peer* peer) {
+  const bool missed = op.atomic.op == AtomicOp::swap && old != op.compare;
+  if (!missed) {
+    if (op.atomic.op != AtomicOp::add) op.fetched = old;  // `add` answers 0
+    return true;
+  }
+  // The word changed under the swap's guess: nothing was stored, so a
+  // caller who stopped waiting (cancelled, timed out) needs no further try,
+  // and a broken peer can take none.
+  if (op.answered) return true;
+  if (peer == nullptr || peer->broken) {
+    if (!op.failure) op.failure = Error{errc::peer_unreachable, "verbs: peer broke while a swap was retrying"};
+    return true;
+  }
+  // The next compare-and-swap expects what the miss returned: the swap ends
+  // with the one that matched, atomically replacing the value it answers,
+  // so it is linearizable. Each try is a work request of its own, queued
+  // behind the peer's backlog like any other.
+  op.compare = old;
+  op.posted = 0;
+  op.completed = 0;
+  peer->backlog.push_back(share_transfer(op.id));
+  schedule_pump(peer_id, *peer);
+  return false;
 }
 
 void Backend::Engine::finish_transfer(std::uint64_t id) {
@@ -488,6 +657,39 @@ void Backend::Engine::finish_transfer(std::uint64_t id) {
     answer(op, success());
   }
   unpin(op.request.local);
+  if (op.admission != 0) count_for_flushes(op);
+}
+
+void Backend::Engine::count_for_flushes(const VerbsTransferOp& op) {
+  auto it = peers.find(op.request.peer);
+  if (it == peers.end()) return;
+  auto& peer = it->second;
+  --peer.unfinished;
+  for (auto& flush : peer.flushes) {
+    if (flush.last < op.admission) continue;  // admitted after op
+    --flush.remaining;
+    auto* waiting = op.failure ? find_transfer(flush.id) : nullptr;
+    if (waiting != nullptr && !waiting->failure) {
+      // A flush vouches for every earlier put: it cannot once one failed.
+      waiting->failure = *op.failure;
+      waiting->failure->detail = "verbs: flush: an earlier " + std::string(backend_kit::kind_name(op.kind)) +
+                                 " to this peer failed: " + op.failure->detail;
+    }
+  }
+  while (!peer.flushes.empty() && peer.flushes.front().remaining == 0) {
+    const auto done = peer.flushes.front().id;
+    peer.flushes.pop_front();
+    finish_transfer(done);
+  }
+}
+
+void Backend::Engine::fail_flushes(Peer& peer, const Error& why) {
+  auto flushes = std::move(peer.flushes);
+  peer.flushes.clear();
+  for (const auto& flush : flushes) {
+    if (auto* waiting = find_transfer(flush.id); waiting != nullptr && !waiting->failure) waiting->failure = why;
+    finish_transfer(flush.id);
+  }
 }
 
 void Backend::Engine::on_transfer_deadline(VerbsTransferOp& op) {

@@ -1,7 +1,7 @@
 // The verbs backend's engine: the provider half of a backend_kit::TransferEngine.
 // It owns the device context, protection domain, completion channel and
-// queue, and one RC queue pair per peer; only the progress thread touches
-// them, always through the IbvApi table.
+// queue, the atomic scratch area, and one RC queue pair per peer; only the
+// progress thread touches them, always through the IbvApi table.
 #pragma once
 
 #include "backend_kit/transfer_engine.hpp"
@@ -28,7 +28,11 @@ using backend_kit::TransferOp;
 using backend_kit::ValueOp;
 using backend_kit::VoidOp;
 
+/// A get or put (a work request per chunk), an atomic (an 8-byte work
+/// request per try), or a flush (none: it waits for its peer's earlier work).
 struct VerbsTransferOp : TransferOp {
+  static constexpr std::uint32_t no_slot = ~std::uint32_t{0};
+
   ChunkPlan plan{0, 0};
   std::uint64_t posted = 0;     // work requests handed to the queue pair
   std::uint64_t completed = 0;  // completions seen (or chunks given up unposted)
@@ -36,9 +40,27 @@ struct VerbsTransferOp : TransferOp {
   std::uint32_t lkey = 0;
   std::byte* local = nullptr;  // the transfer's first local byte
   std::optional<Error> failure;
+  /// Its number among the work admitted to its peer (from 1), which the
+  /// peer's flushes count by; 0 for a flush, which nothing waits for.
+  std::uint64_t admission = 0;
+  /// An atomic's compare-and-swap operand: the caller's for compare_swap;
+  /// for swap, the value the word is believed to hold (0, then what the
+  /// last miss returned).
+  std::uint64_t compare = 0;
+  /// The scratch word an atomic's posted work request returns the old
+  /// value into; no_slot while none is posted.
+  std::uint32_t scratch_slot = no_slot;
 };
 
 struct Backend::Engine final : backend_kit::TransferEngine<VerbsTransferOp> {
+  /// A tracked flush and the work it waits for: the peer's admissions up to
+  /// `last`, of which `remaining` are not finished.
+  struct WaitingFlush {
+    std::uint64_t id = 0;
+    std::uint64_t last = 0;
+    std::uint64_t remaining = 0;
+  };
+
   struct Peer {
     OwnedQp qp;
     wire::QpEndpoint local;  // what this side told the other
@@ -50,6 +72,13 @@ struct Backend::Engine final : backend_kit::TransferEngine<VerbsTransferOp> {
     std::deque<std::shared_ptr<VerbsTransferOp>> backlog;
     bool pump_due = false;  // listed in peers_to_pump
     std::shared_ptr<VoidOp> close_waiter;  // peer_close waiting for the flush
+    /// Gets, puts and atomics admitted to this peer so far (their
+    /// `admission` numbers), and how many of them are not finished.
+    std::uint64_t admitted = 0;
+    std::uint64_t unfinished = 0;
+    /// Flushes waiting for earlier work, in admission order: each finishes
+    /// after the ones before it, since it waits for all they wait for.
+    std::deque<WaitingFlush> flushes;
     /// Keys imported for this peer, decoded once. A transfer copies what it
     /// needs at admission, so a release takes effect at once.
     std::map<RemoteKeyId, wire::RemoteKey> imported;
@@ -67,6 +96,9 @@ struct Backend::Engine final : backend_kit::TransferEngine<VerbsTransferOp> {
   Result<Registration> provider_map(void* ptr, std::size_t len, Access access) override;
   Result<void> provider_unmap(void* handle) override;
   void run_transfer(const std::shared_ptr<VerbsTransferOp>& op) override;
+  void run_atomic(const std::shared_ptr<VerbsTransferOp>& op) override;
+  void run_flush(const std::shared_ptr<VerbsTransferOp>& op) override;
+  void run_notify(const std::shared_ptr<VerbsTransferOp>& op) override;
   void on_transfer_deadline(VerbsTransferOp& op) override;
   void run_import_key(const std::shared_ptr<ValueOp<RemoteKeyId>>& op) override;
   void run_release_key(const std::shared_ptr<VoidOp>& op, RemoteKeyId key) override;
@@ -88,10 +120,22 @@ struct Backend::Engine final : backend_kit::TransferEngine<VerbsTransferOp> {
   /// flushes) and fails what was never posted.
   void break_peer(Peer& peer, const Error& why);
 
+  /// Registers the atomic scratch area (start, on a device with atomics).
+  Result<void> register_scratch();
+  /// What an atomic, or a map for atomics, answers on a device without them.
+  [[nodiscard]] Error no_atomics() const;
+
   // Transfers (progress thread).
   Result<void> admit_remote(VerbsTransferOp& op) const;
+  /// An atomic's checks, all before any work request: the device has
+  /// atomics, the peer is usable, the key names the word and allows atomics.
+  Result<void> admit_atomic(VerbsTransferOp& op) const;
+  /// An atomic's or a flush's first checks: not cancelled, not shut down.
+  Result<void> still_wanted(const VerbsTransferOp& op) const;
   /// The peer a transfer or an import may use: known, connected, healthy.
   Result<const Peer*> usable_peer(PeerId id) const;
+  /// Queues a tracked transfer or atomic behind its peer's earlier work.
+  void enqueue(const std::shared_ptr<VerbsTransferOp>& op);
   /// Lists the peer for pump_pending() (once).
   void schedule_pump(PeerId id, Peer& peer);
   /// Pumps the peers given transfers or freed room since the last call.
@@ -100,13 +144,30 @@ struct Backend::Engine final : backend_kit::TransferEngine<VerbsTransferOp> {
   void pump(Peer& peer);
   /// Posts up to `credits` backlog chunks, across transfers, in one call.
   void post_chain(Peer& peer, std::uint32_t credits);
+  /// The work request for chunk `index` of `op` (an atomic takes a scratch
+  /// slot for its old value).
+  void prepare_work_request(VerbsTransferOp& op, std::uint64_t index, ibv_send_wr& wr, ibv_sge& sge);
+  void prepare_atomic(VerbsTransferOp& op, ibv_send_wr& wr, ibv_sge& sge);
+  /// Frees the atomic's scratch slot; the word the device left there.
+  std::uint64_t release_scratch(VerbsTransferOp& op);
   /// Polls the completion queue dry; the number of completions.
   std::size_t poll_completions();
   void on_completion(const ibv_wc& wc);
+  /// One of `op`'s work requests completed.
+  void on_work_completed(VerbsTransferOp& op, const ibv_wc& wc, PeerId peer_id, Peer* peer);
+  /// An atomic's work request succeeded, leaving the word's old value: true
+  /// when the atomic is done, false when a swap whose compare-and-swap
+  /// missed went back to the backlog to try again.
+  bool atomic_applied(VerbsTransferOp& op, std::uint64_t old, PeerId peer_id, Peer* peer);
   /// Gives up a transfer's unposted chunks; finishes it if nothing is posted.
   void abandon_unposted(VerbsTransferOp& op, const Error& why);
   void finish_if_done(VerbsTransferOp& op);
   void finish_transfer(std::uint64_t id);
+  /// A transfer or atomic of the peer's finished: its flushes count it
+  /// (and inherit its failure), and those with nothing left finish.
+  void count_for_flushes(const VerbsTransferOp& op);
+  /// Answers the peer's waiting flushes with `why` (the peer broke).
+  void fail_flushes(Peer& peer, const Error& why);
 
   // Events (progress thread).
   void arm_async_watch();
@@ -118,9 +179,18 @@ struct Backend::Engine final : backend_kit::TransferEngine<VerbsTransferOp> {
   OpenedDevice device;
   std::uint32_t max_message = 0;
   std::uint32_t rd_atomic = 1;
+  bool atomics_supported = false;  // the device's atomic_cap is not IBV_ATOMIC_NONE
   OwnedPd pd;
   OwnedChannel channel;
   OwnedCq cq;
+  /// Where atomics' old values land: one word per completion-queue entry,
+  /// so a slot is free whenever there is room to post (outstanding work
+  /// never exceeds the CQ). Registered for local write only; not counted in
+  /// live_registrations(). Declared after the PD and before the peers, so
+  /// the MR goes after every queue pair and before the PD.
+  std::vector<std::uint64_t> scratch;
+  OwnedMr scratch_mr;
+  std::vector<std::uint32_t> free_slots;
   std::optional<asio::posix::stream_descriptor> cq_wake;     // a dup of the channel's fd
   std::optional<asio::posix::stream_descriptor> async_wake;  // a dup of the context's async fd
   bool cq_wait_armed = false;

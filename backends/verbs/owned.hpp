@@ -5,10 +5,11 @@
 // before the CQ, the CQ before its channel, all before the PD and the
 // device context.
 //
-// Memory regions are not here: the region table shared by both providers
-// (backend_kit) holds them and gives them back through provider_unmap,
-// which reports a failing ibv_dereg_mr to the caller; a destructor could
-// not.
+// The regions callers map are not here: the region table shared by both
+// providers (backend_kit) holds them and gives them back through
+// provider_unmap, which reports a failing ibv_dereg_mr to the caller; a
+// destructor could not. The one MR here is the engine's own atomic scratch
+// area, which no caller maps or unmaps.
 #pragma once
 
 #include "ibv_api.hpp"
@@ -32,6 +33,7 @@ using OwnedPd = std::unique_ptr<ibv_pd, IbvDestroyer<&IbvApi::dealloc_pd>>;
 using OwnedChannel = std::unique_ptr<ibv_comp_channel, IbvDestroyer<&IbvApi::destroy_comp_channel>>;
 using OwnedCq = std::unique_ptr<ibv_cq, IbvDestroyer<&IbvApi::destroy_cq>>;
 using OwnedQp = std::unique_ptr<ibv_qp, IbvDestroyer<&IbvApi::destroy_qp>>;
+using OwnedMr = std::unique_ptr<ibv_mr, IbvDestroyer<&IbvApi::dereg_mr>>;
 
 /// Takes ownership of `handle` (may be null), to be destroyed through `api`.
 template <class Owned>

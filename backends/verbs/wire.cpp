@@ -9,21 +9,33 @@ namespace {
 using corma::wire::Reader;
 using corma::wire::Writer;
 
-constexpr std::uint32_t key_magic = 0x314b5643;       // "CVK1"
+// The key record grew an access field in version 2 ("CVK2"); the endpoint
+// record is still version 1.
+constexpr std::uint32_t key_magic = 0x324b5643;       // "CVK2"
+constexpr std::uint8_t key_version = 2;
+constexpr std::size_t key_size = 34;
 constexpr std::uint32_t endpoint_magic = 0x31505643;  // "CVP1"
-constexpr std::uint8_t version = 1;
+constexpr std::uint8_t endpoint_version = 1;
 constexpr std::uint32_t max_24_bits = (1U << 24) - 1;
+
+/// The accesses a packed key may carry: those that expose the range.
+bool exposed_access(std::uint8_t value) {
+  return value == static_cast<std::uint8_t>(Access::remote_read) ||
+         value == static_cast<std::uint8_t>(Access::remote_read_write) ||
+         value == static_cast<std::uint8_t>(Access::remote_atomic);
+}
 
 Result<RemoteKey> read_key(const PackedKey& key) {
   Reader in(key);
   CORMA_TRY(auto magic, in.u32("magic"));
   if (magic != key_magic) return fail(errc::invalid_key, "not a verbs packed key");
   CORMA_TRY(auto v, in.u8("version"));
-  if (v != version) return fail(errc::invalid_key, "unknown verbs packed key version");
+  if (v != key_version) return fail(errc::invalid_key, "unknown verbs packed key version");
   RemoteKey out;
   CORMA_TRY(out.rkey, in.u32("rkey"));
   CORMA_TRY(out.addr, in.u64("addr"));
   CORMA_TRY(out.len, in.u64("len"));
+  CORMA_TRY(auto access, in.u8("access"));
   const auto covered = std::span(key).first(in.position());
   CORMA_TRY(auto sum, in.u64("checksum"));
   CORMA_TRY(in.expect_end("verbs packed key"));
@@ -31,6 +43,8 @@ Result<RemoteKey> read_key(const PackedKey& key) {
   if (out.len == 0 || out.addr + out.len < out.addr) {
     return fail(errc::invalid_key, "packed key describes an impossible range");
   }
+  if (!exposed_access(access)) return fail(errc::invalid_key, "packed key names no remote access");
+  out.access = static_cast<Access>(access);
   return out;
 }
 
@@ -45,12 +59,13 @@ Result<std::uint16_t> read_mtu(Reader& in) {
 }  // namespace
 
 PackedKey encode_key(const RemoteKey& key) {
-  Writer out(33);
+  Writer out(key_size);
   out.u32(key_magic);
-  out.u8(version);
+  out.u8(key_version);
   out.u32(key.rkey);
   out.u64(key.addr);
   out.u64(key.len);
+  out.u8(static_cast<std::uint8_t>(key.access));
   auto bytes = std::move(out).take();
   // Catches corruption before the NIC does (which would break the connection).
   Writer sum;
@@ -73,7 +88,7 @@ Result<RemoteKey> decode_key(const PackedKey& key) {
 std::vector<std::byte> encode_endpoint(const QpEndpoint& endpoint) {
   Writer out(36);
   out.u32(endpoint_magic);
-  out.u8(version);
+  out.u8(endpoint_version);
   out.u32(endpoint.qp_num);
   out.u32(endpoint.psn);
   out.u16(endpoint.lid);
@@ -89,7 +104,7 @@ Result<QpEndpoint> decode_endpoint(const std::vector<std::byte>& blob) {
   CORMA_TRY(auto magic, in.u32("magic"));
   if (magic != endpoint_magic) return fail(errc::protocol, "not a verbs peer blob");
   CORMA_TRY(auto v, in.u8("version"));
-  if (v != version) return fail(errc::protocol, "unknown verbs peer blob version");
+  if (v != endpoint_version) return fail(errc::protocol, "unknown verbs peer blob version");
   QpEndpoint out;
   CORMA_TRY(out.qp_num, in.u32("qp_num"));
   CORMA_TRY(out.psn, in.u32("psn"));

@@ -1,6 +1,7 @@
 // The verbs backend's own wire records, versioned and fixed-size, checked
 // byte for byte before anything reaches the provider:
-// - the packed key: rkey, registered address and length, and a checksum;
+// - the packed key: rkey, registered address, length and access, and a
+//   checksum;
 // - the peer blob: what one side of an RC connection tells the other.
 #pragma once
 
@@ -17,11 +18,14 @@ struct RemoteKey {
   std::uint32_t rkey = 0;
   std::uint64_t addr = 0;
   std::uint64_t len = 0;
+  /// What the owner registered the range for: lets the initiator refuse an
+  /// atomic on a region without Access::remote_atomic before the NIC would.
+  Access access = Access::remote_read;
 };
 
 [[nodiscard]] PackedKey encode_key(const RemoteKey& key);
-/// `invalid_key` for anything encode_key did not produce, or an empty or
-/// wrapping range.
+/// `invalid_key` for anything encode_key did not produce, an empty or
+/// wrapping range, or an access that exposes nothing.
 [[nodiscard]] Result<RemoteKey> decode_key(const PackedKey& key);
 
 /// One side of an RC connection: its queue pair and how to address it.

@@ -12,8 +12,9 @@
 // are put in the error state so that they never touch memory again.
 //
 // Work requests execute on one worker thread, in post order, with validation
-// and the memory copy done under the fabric mutex: a copy can never race the
-// deregistration of its MR or the destruction of its QP.
+// and the memory copy (or the atomic) done under the fabric mutex: a copy can
+// never race the deregistration of its MR or the destruction of its QP, and an
+// atomic never races a copy of the same bytes.
 #include "soft_verbs.hpp"
 
 #include <fcntl.h>
@@ -21,6 +22,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <condition_variable>
 #include <cstdio>
@@ -205,6 +207,8 @@ struct Work {
   std::uint32_t length;
   std::uint64_t remote_addr;
   std::uint32_t rkey;
+  std::uint64_t compare_add;  // atomics: the value added, or compared
+  std::uint64_t swap;         // compare-and-swap: the value stored on a match
   // Set when its responder first failed to answer: the end of its retries.
   std::optional<std::chrono::steady_clock::time_point> retry_until;
 };
@@ -508,7 +512,7 @@ int sv_query_device(ibv_context* context, ibv_device_attr* attr) {
   attr->max_qp_rd_atom = kMaxRdAtomic;
   attr->max_qp_init_rd_atom = kMaxRdAtomic;
   attr->max_res_rd_atom = kMaxRdAtomic << 16;
-  attr->atomic_cap = IBV_ATOMIC_NONE;
+  attr->atomic_cap = f.config.atomic_cap;
   attr->max_pkeys = 1;
   attr->phys_port_cnt = kPort;
   return 0;
@@ -848,12 +852,25 @@ ibv_qp* sv_create_qp(ibv_pd* pd, ibv_qp_init_attr* attr) {
   return adopt<SoftQp, ibv_qp>(f, f.qps, std::move(qp));
 }
 
+bool is_atomic(ibv_wr_opcode opcode) {
+  return opcode == IBV_WR_ATOMIC_FETCH_AND_ADD || opcode == IBV_WR_ATOMIC_CMP_AND_SWP;
+}
+
+ibv_wc_opcode completion_opcode(ibv_wr_opcode opcode) {
+  switch (opcode) {
+    case IBV_WR_RDMA_READ: return IBV_WC_RDMA_READ;
+    case IBV_WR_ATOMIC_FETCH_AND_ADD: return IBV_WC_FETCH_ADD;
+    case IBV_WR_ATOMIC_CMP_AND_SWP: return IBV_WC_COMP_SWAP;
+    default: return IBV_WC_RDMA_WRITE;
+  }
+}
+
 Cqe make_cqe(const SoftQp& qp, const Work& work, ibv_wc_status status, std::uint32_t byte_len) {
   Cqe cqe{};
   cqe.seq = work.seq;
   cqe.wc.wr_id = work.wr_id;
   cqe.wc.status = status;
-  cqe.wc.opcode = work.opcode == IBV_WR_RDMA_READ ? IBV_WC_RDMA_READ : IBV_WC_RDMA_WRITE;
+  cqe.wc.opcode = completion_opcode(work.opcode);
   cqe.wc.byte_len = byte_len;
   cqe.wc.qp_num = qp.qp_num;
   return cqe;
@@ -1021,10 +1038,17 @@ int sv_destroy_qp(ibv_qp* qp) {
 // Posting and executing work requests
 // ===========================================================================
 
+/// The operations the device executes: RDMA READ and WRITE, and the atomics
+/// when it has them.
+bool opcode_supported(const Fabric& f, ibv_wr_opcode opcode) {
+  if (opcode == IBV_WR_RDMA_READ || opcode == IBV_WR_RDMA_WRITE) return true;
+  return is_atomic(opcode) && f.config.atomic_cap != IBV_ATOMIC_NONE;
+}
+
 /// The synchronous checks of post_send; 0 when the work request is accepted.
-int check_work_request(const SoftQp& qp, const ibv_send_wr& wr) {
+int check_work_request(const Fabric& f, const SoftQp& qp, const ibv_send_wr& wr) {
   if (qp.actual != IBV_QPS_RTS && qp.actual != IBV_QPS_ERR) return EINVAL;
-  if (wr.opcode != IBV_WR_RDMA_READ && wr.opcode != IBV_WR_RDMA_WRITE) return EINVAL;
+  if (!opcode_supported(f, wr.opcode)) return EINVAL;
   if (wr.num_sge < 0 || wr.num_sge > static_cast<int>(qp.cap.max_send_sge) || (wr.num_sge > 0 && wr.sg_list == nullptr)) {
     return EINVAL;
   }
@@ -1046,8 +1070,16 @@ void accept_work_request(Fabric& f, SoftQp& qp, const ibv_send_wr& wr) {
     w.lkey = wr.sg_list[0].lkey;
     w.length = wr.sg_list[0].length;
   }
-  w.remote_addr = wr.wr.rdma.remote_addr;
-  w.rkey = wr.wr.rdma.rkey;
+  // The union's members lay rkey out differently: read the opcode's own.
+  if (is_atomic(wr.opcode)) {
+    w.remote_addr = wr.wr.atomic.remote_addr;
+    w.rkey = wr.wr.atomic.rkey;
+    w.compare_add = wr.wr.atomic.compare_add;
+    w.swap = wr.wr.atomic.swap;
+  } else {
+    w.remote_addr = wr.wr.rdma.remote_addr;
+    w.rkey = wr.wr.rdma.rkey;
+  }
   if (is_current(f, qp)) {
     ++f.posted;
     f.max_outstanding = std::max<std::size_t>(f.max_outstanding, qp.occupied());
@@ -1065,9 +1097,9 @@ int sv_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
     if (bad_wr != nullptr) *bad_wr = wr;
     return EINVAL;
   }
-  if (wr != nullptr && check_work_request(*q, *wr) == 0 && is_current(f, *q)) ++f.post_calls;
+  if (wr != nullptr && check_work_request(f, *q, *wr) == 0 && is_current(f, *q)) ++f.post_calls;
   for (ibv_send_wr* w = wr; w != nullptr; w = w->next) {
-    const int err = check_work_request(*q, *w);
+    const int err = check_work_request(f, *q, *w);
     if (err != 0) {
       if (err == ENOMEM && is_current(f, *q)) ++f.overruns;
       if (bad_wr != nullptr) *bad_wr = w;
@@ -1120,10 +1152,48 @@ Outcome rejected(SoftQp& responder, ibv_wc_status status, ibv_event_type event) 
   return {status, &responder, event};
 }
 
+/// Executes one atomic: the checks a device makes, in its order, then the
+/// operation on the word. It runs under the fabric lock, like every copy, so
+/// no RDMA READ or WRITE of the word interleaves with it; std::atomic_ref
+/// keeps it atomic for host code using std::atomic_ref on the word too.
+Outcome apply_atomic(Fabric& f, const SoftQp& qp, const Work& w) {
+  constexpr std::uint32_t word_size = sizeof(std::uint64_t);
+  // The local buffer receives the old value: exactly one word, writable.
+  if (w.length != word_size) return {IBV_WC_LOC_LEN_ERR};
+  std::byte* local = resolve(f.by_lkey, w.lkey, qp.pd, w.local_addr, w.length, IBV_ACCESS_LOCAL_WRITE);
+  if (local == nullptr) return {IBV_WC_LOC_PROT_ERR};
+  // Atomics use the same initiator resources as reads.
+  if (qp.max_rd_atomic == 0) return {IBV_WC_LOC_QP_OP_ERR};
+  SoftQp* remote = responder_for(f, qp);
+  if (remote == nullptr) return {IBV_WC_RETRY_EXC_ERR};
+  if ((remote->access & IBV_ACCESS_REMOTE_ATOMIC) == 0 || remote->max_dest_rd_atomic == 0 ||
+      w.remote_addr % word_size != 0) {
+    return rejected(*remote, IBV_WC_REM_INV_REQ_ERR, IBV_EVENT_QP_REQ_ERR);
+  }
+  std::byte* target = resolve(f.by_rkey, w.rkey, remote->pd, w.remote_addr, word_size, IBV_ACCESS_REMOTE_ATOMIC);
+  if (target == nullptr) return rejected(*remote, IBV_WC_REM_ACCESS_ERR, IBV_EVENT_QP_ACCESS_ERR);
+  // The MR's start may be misaligned in host memory even when the word's
+  // address (an IOVA) is aligned: only an aligned host word is atomic.
+  if (reinterpret_cast<std::uintptr_t>(target) % alignof(std::uint64_t) != 0) {
+    return rejected(*remote, IBV_WC_REM_INV_REQ_ERR, IBV_EVENT_QP_REQ_ERR);
+  }
+  std::atomic_ref<std::uint64_t> word(*reinterpret_cast<std::uint64_t*>(target));
+  std::uint64_t old = 0;
+  if (w.opcode == IBV_WR_ATOMIC_FETCH_AND_ADD) {
+    old = word.fetch_add(w.compare_add);
+  } else {
+    old = w.compare_add;
+    word.compare_exchange_strong(old, w.swap);  // `old` becomes the word's value either way
+  }
+  std::memcpy(local, &old, sizeof old);
+  return {IBV_WC_SUCCESS};
+}
+
 /// Executes one RDMA READ or WRITE: the checks a device makes, in its order,
 /// then the copy.
 Outcome transfer(Fabric& f, const SoftQp& qp, const Work& w) {
   if (auto fault = std::exchange(f.fail_completion, std::nullopt)) return {*fault};
+  if (is_atomic(w.opcode)) return apply_atomic(f, qp, w);
   const bool read = w.opcode == IBV_WR_RDMA_READ;
   if (w.length > f.config.max_msg_sz) return {IBV_WC_LOC_LEN_ERR};
   std::byte* local = nullptr;

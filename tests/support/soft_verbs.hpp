@@ -2,11 +2,13 @@
 // verbs backend's function table (corma::verbs::IbvApi) with an
 // implementation that behaves like an RC-capable device on one shared fabric:
 // devices, contexts, PDs, MRs with lkey/rkey, completion channels, CQs and RC
-// QPs whose RDMA READ/WRITE work requests execute asynchronously on the
-// provider's own thread, with the checks real hardware makes (state machine,
-// keys, bounds, access flags, send-queue depth, message size). Faults and
-// timing are injectable, and counters expose what the caller did, so that a
-// backend bug shows up as a failed test rather than as silent success.
+// QPs whose RDMA READ/WRITE and 64-bit atomic (fetch-and-add,
+// compare-and-swap) work requests execute asynchronously on the provider's
+// own thread, with the checks real hardware makes (state machine, keys,
+// bounds, access flags, atomic alignment, send-queue depth, message size).
+// Faults and timing are injectable, and counters expose what the caller did,
+// so that a backend bug shows up as a failed test rather than as silent
+// success.
 //
 // The fabric is process-wide (C function pointers cannot carry state): every
 // backend in the process that uses api() is a host on the same fabric, and a
@@ -31,6 +33,13 @@
 // - A responder that rejects a request (remote access error, or an operation
 //   its QP's access flags do not allow) enters the error state too and
 //   raises IBV_EVENT_QP_ACCESS_ERR or IBV_EVENT_QP_REQ_ERR on its context.
+// - An atomic's single scatter/gather entry is the 8-byte local buffer its
+//   old value lands in (any other length: IBV_WC_LOC_LEN_ERR). A misaligned
+//   remote word is an invalid request (IBV_WC_REM_INV_REQ_ERR); an MR without
+//   IBV_ACCESS_REMOTE_ATOMIC, or a word outside it, a remote access error
+//   (IBV_WC_REM_ACCESS_ERR). Atomics are atomic with respect to one another
+//   and to the provider's own RDMA reads and writes of the word (all execute
+//   under one lock), and to host code using std::atomic_ref on it.
 // - destroy_cq and destroy_qp fail with EBUSY while events read for them are
 //   unacknowledged (libibverbs would block forever); close_device, dealloc_pd
 //   and destroy_comp_channel fail with EBUSY while objects depend on them.
@@ -72,6 +81,9 @@ struct SoftVerbsConfig {
   std::uint32_t device_count = 1;
   /// get_device_list returns NULL with errno = ENOSYS (a kernel without RDMA).
   bool no_kernel_support = false;
+  /// Device attribute. IBV_ATOMIC_NONE: post_send refuses atomic work
+  /// requests (EINVAL), as a device without atomics does.
+  ibv_atomic_cap atomic_cap = IBV_ATOMIC_HCA;
 };
 
 class SoftVerbs {

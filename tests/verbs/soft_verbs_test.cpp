@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -28,6 +29,8 @@ using namespace std::chrono_literals;
 
 constexpr int kRemoteAccess = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
 constexpr int kFullAccess = IBV_ACCESS_LOCAL_WRITE | kRemoteAccess;
+constexpr int kAtomicQpAccess = kRemoteAccess | IBV_ACCESS_REMOTE_ATOMIC;
+constexpr int kAtomicRegion = kFullAccess | IBV_ACCESS_REMOTE_ATOMIC;
 
 /// One host's objects: a context with a PD, a channel, a CQ and an RC QP.
 struct Endpoint {
@@ -54,6 +57,16 @@ class WorkRequest {
     wr_.num_sge = 1;
     wr_.wr.rdma.remote_addr = reinterpret_cast<std::uintptr_t>(remote);
     wr_.wr.rdma.rkey = rkey;
+  }
+  /// An atomic on the word at `remote`; its old value lands in `result`.
+  WorkRequest(ibv_wr_opcode opcode, std::uint64_t* result, const ibv_mr* mr, const void* remote, std::uint32_t rkey,
+              std::uint64_t compare_add, std::uint64_t swap, std::uint64_t wr_id)
+      : WorkRequest(opcode, result, mr, sizeof *result, nullptr, 0, wr_id) {
+    // The union lays an atomic's fields out differently from an RDMA's.
+    wr_.wr.atomic.remote_addr = reinterpret_cast<std::uintptr_t>(remote);
+    wr_.wr.atomic.compare_add = compare_add;
+    wr_.wr.atomic.swap = swap;
+    wr_.wr.atomic.rkey = rkey;
   }
   WorkRequest(const WorkRequest&) = delete;
   WorkRequest& operator=(const WorkRequest&) = delete;
@@ -431,6 +444,7 @@ TEST_F(SoftVerbs, DeviceAndPortQueriesDescribeTheConfiguration) {
   ASSERT_EQ(v.query_device(a.ctx, &dev), 0);
   EXPECT_EQ(dev.max_qp_wr, 128);
   EXPECT_EQ(dev.max_qp_rd_atom, 16);
+  EXPECT_EQ(dev.atomic_cap, IBV_ATOMIC_HCA);
   EXPECT_EQ(dev.max_sge, 1);
   EXPECT_EQ(dev.phys_port_cnt, 1);
 
@@ -988,6 +1002,135 @@ TEST_F(SoftVerbs, ConcurrentPostersStayWithinTheirQueues) {
   EXPECT_EQ(provider.overruns(), 0U);
   EXPECT_EQ(provider.max_outstanding(), depth);
   EXPECT_EQ(provider.work_requests_posted(), 2 * per_thread);
+}
+
+// ---- Atomics ----------------------------------------------------------------
+
+TEST_F(SoftVerbs, AtomicsAnswerTheOldValueAndChangeOnlyTheirWord) {
+  auto [a, b] = connected_pair({.responder_qp_access = kAtomicQpAccess});
+  std::uint64_t result = 0;
+  std::array<std::uint64_t, 3> words{0, 40, 0};
+  ibv_mr* rmr = reg(a, &result, sizeof result);
+  ibv_mr* wmr = reg(b, words.data(), sizeof words, kAtomicRegion);
+  const auto apply = [&](ibv_wr_opcode opcode, std::uint64_t compare_add, std::uint64_t swap, ibv_wc_opcode done) {
+    WorkRequest wr(opcode, &result, rmr, &words[1], wmr->rkey, compare_add, swap, 1);
+    auto wc = post_and_poll(a, wr, 1);
+    ASSERT_EQ(wc.size(), 1U);
+    EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS);
+    EXPECT_EQ(wc[0].opcode, done);
+    EXPECT_EQ(wc[0].byte_len, 8U);
+  };
+  apply(IBV_WR_ATOMIC_FETCH_AND_ADD, 2, 0, IBV_WC_FETCH_ADD);
+  EXPECT_EQ(result, 40U);
+  EXPECT_EQ(words[1], 42U);
+  apply(IBV_WR_ATOMIC_CMP_AND_SWP, 7, 99, IBV_WC_COMP_SWAP);  // compares 7: a miss
+  EXPECT_EQ(result, 42U);
+  EXPECT_EQ(words[1], 42U);
+  apply(IBV_WR_ATOMIC_CMP_AND_SWP, 42, 99, IBV_WC_COMP_SWAP);
+  EXPECT_EQ(result, 42U);
+  EXPECT_EQ(words[1], 99U);
+  EXPECT_EQ(words[0] | words[2], 0U) << "a neighbouring word changed";
+}
+
+TEST_F(SoftVerbs, AnAtomicOnARegionWithoutRemoteAtomicIsARemoteAccessError) {
+  auto [a, b] = connected_pair({.responder_qp_access = kAtomicQpAccess});
+  std::uint64_t result = 0;
+  std::uint64_t word = 5;
+  ibv_mr* rmr = reg(a, &result, sizeof result);
+  ibv_mr* wmr = reg(b, &word, sizeof word, kFullAccess);  // read and write, no atomics
+  expect_completes(a, WorkRequest(IBV_WR_ATOMIC_FETCH_AND_ADD, &result, rmr, &word, wmr->rkey, 1, 0, 1),
+                   IBV_WC_REM_ACCESS_ERR);
+  expect_qp_event(b, IBV_EVENT_QP_ACCESS_ERR);
+  EXPECT_EQ(word, 5U);
+  EXPECT_EQ(result, 0U);
+}
+
+TEST_F(SoftVerbs, AtomicsTheResponderCannotServeFailAsANicWould) {
+  // Each case on a fresh pair: the failure stops both QPs.
+  const auto status_of = [&](int qp_access, std::size_t registered_words, std::size_t offset) {
+    auto [a, b] = connected_pair({.responder_qp_access = qp_access});
+    std::uint64_t result = 0;
+    std::array<std::uint64_t, 2> words{};
+    ibv_mr* rmr = reg(a, &result, sizeof result);
+    ibv_mr* wmr = reg(b, words.data(), registered_words * sizeof(std::uint64_t), kAtomicRegion);
+    const auto* target = reinterpret_cast<const char*>(words.data()) + offset;
+    WorkRequest wr(IBV_WR_ATOMIC_CMP_AND_SWP, &result, rmr, target, wmr->rkey, 0, 1, 1);
+    auto wc = post_and_poll(a, wr, 1);
+    ibv_async_event event{};
+    const bool raised = next_async_event(b.ctx, event);
+    if (raised) v.ack_async_event(&event);
+    EXPECT_TRUE(raised) << "the responder says why it stopped";
+    EXPECT_EQ(words, (std::array<std::uint64_t, 2>{})) << "a refused atomic changed a word";
+    release_endpoints();
+    return wc.size() == 1 ? wc[0].status : IBV_WC_GENERAL_ERR;
+  };
+  EXPECT_EQ(status_of(kAtomicQpAccess, 2, 4), IBV_WC_REM_INV_REQ_ERR) << "a misaligned word";
+  EXPECT_EQ(status_of(kAtomicQpAccess, 1, 8), IBV_WC_REM_ACCESS_ERR) << "a word outside the region";
+  EXPECT_EQ(status_of(kRemoteAccess, 2, 0), IBV_WC_REM_INV_REQ_ERR) << "a queue pair that takes no atomics";
+}
+
+TEST_F(SoftVerbs, ADeviceWithoutAtomicsRefusesAtomicWorkRequests) {
+  provider.reset(SoftVerbsConfig{.atomic_cap = IBV_ATOMIC_NONE});
+  auto [a, b] = connected_pair({.responder_qp_access = kAtomicQpAccess});
+  ibv_device_attr dev{};
+  ASSERT_EQ(v.query_device(a.ctx, &dev), 0);
+  EXPECT_EQ(dev.atomic_cap, IBV_ATOMIC_NONE);
+  std::uint64_t result = 0;
+  std::uint64_t word = 0;
+  ibv_mr* rmr = reg(a, &result, sizeof result);
+  ibv_mr* wmr = reg(b, &word, sizeof word, kAtomicRegion);
+  WorkRequest wr(IBV_WR_ATOMIC_FETCH_AND_ADD, &result, rmr, &word, wmr->rkey, 1, 0, 1);
+  EXPECT_EQ(post(a, wr), EINVAL);
+  EXPECT_TRUE(drained());
+  EXPECT_EQ(poll_once(a), 0);
+  EXPECT_EQ(word, 0U);
+}
+
+TEST_F(SoftVerbs, AtomicsStayAtomicAgainstEachOtherAndAgainstHostAtomicRef) {
+  constexpr std::uint32_t depth = 8;
+  constexpr std::uint64_t per_side = 400;
+  // Two requesters, each on its own context and responder; both responders
+  // registered the same word.
+  std::array<Endpoint*, 2> requesters{&endpoint(depth), &endpoint(depth)};
+  std::array<Endpoint*, 2> responders{&endpoint(), &endpoint()};
+  for (std::size_t i = 0; i < 2; ++i) connect(*requesters[i], *responders[i], kRemoteAccess, kAtomicQpAccess);
+  alignas(8) std::uint64_t word = 0;
+  std::array<std::uint64_t, 2> results{};
+  std::array<ibv_mr*, 2> rmrs{reg(*requesters[0], &results[0], 8), reg(*requesters[1], &results[1], 8)};
+  std::array<ibv_mr*, 2> wmrs{reg(*responders[0], &word, 8, kAtomicRegion),
+                              reg(*responders[1], &word, 8, kAtomicRegion)};
+
+  const auto run = [&](std::size_t i, std::uint64_t& good) {
+    Endpoint& e = *requesters[i];
+    std::uint64_t posted = 0, in_flight = 0;
+    const auto deadline = std::chrono::steady_clock::now() + 5s;
+    while (good < per_side && std::chrono::steady_clock::now() < deadline) {
+      while (posted < per_side && in_flight < depth) {
+        WorkRequest wr(IBV_WR_ATOMIC_FETCH_AND_ADD, &results[i], rmrs[i], &word, wmrs[i]->rkey, 1, 0, posted);
+        if (post(e, wr) != 0) return;
+        ++posted;
+        ++in_flight;
+      }
+      std::array<ibv_wc, 4> wc{};
+      const int n = v.poll_cq(e.cq, static_cast<int>(wc.size()), wc.data());
+      for (int k = 0; k < n; ++k) {
+        if (wc[static_cast<std::size_t>(k)].status == IBV_WC_SUCCESS) ++good;
+      }
+      in_flight -= static_cast<std::uint64_t>(std::max(n, 0));
+    }
+  };
+  std::array<std::uint64_t, 2> good{};
+  std::thread other(run, 1, std::ref(good[1]));
+  std::thread host([&] {
+    std::atomic_ref<std::uint64_t> shared(word);
+    for (std::uint64_t k = 0; k < per_side; ++k) shared.fetch_add(1);
+  });
+  run(0, good[0]);
+  other.join();
+  host.join();
+  EXPECT_EQ(good[0], per_side);
+  EXPECT_EQ(good[1], per_side);
+  EXPECT_EQ(std::atomic_ref<std::uint64_t>(word).load(), 3 * per_side) << "an increment was lost";
 }
 
 // ---- Completion channel -----------------------------------------------------

@@ -18,17 +18,51 @@ QpEndpoint sample_endpoint() {
   return e;
 }
 
-TEST(VerbsWire, PackedKeyRoundTrips) {
-  const RemoteKey key{0xdeadbeef, 0x7f0000001000, 12345};
-  auto decoded = decode_key(encode_key(key));
-  ASSERT_TRUE(decoded) << decoded.error().message();
-  EXPECT_EQ(decoded.value().rkey, key.rkey);
-  EXPECT_EQ(decoded.value().addr, key.addr);
-  EXPECT_EQ(decoded.value().len, key.len);
+TEST(VerbsWire, PackedKeyRoundTripsWithEveryExposedAccess) {
+  for (auto access : {Access::remote_read, Access::remote_read_write, Access::remote_atomic}) {
+    const RemoteKey key{0xdeadbeef, 0x7f0000001000, 12345, access};
+    auto decoded = decode_key(encode_key(key));
+    ASSERT_TRUE(decoded) << decoded.error().message();
+    EXPECT_EQ(decoded.value().rkey, key.rkey);
+    EXPECT_EQ(decoded.value().addr, key.addr);
+    EXPECT_EQ(decoded.value().len, key.len);
+    EXPECT_EQ(decoded.value().access, access);
+  }
+}
+
+TEST(VerbsWire, APackedKeyIsTheDocumentedCvk2Record) {
+  // docs/backends.md, "Packed key (CVK2)": rkey 0x1234, address
+  // 0x7F0000001000, length 4096, Access::remote_atomic.
+  const std::vector<std::uint8_t> documented = {
+      0x43, 0x56, 0x4b, 0x32, 0x02, 0x34, 0x12, 0x00, 0x00, 0x00, 0x10, 0x00, 0x00, 0x00, 0x7f, 0x00, 0x00,
+      0x00, 0x10, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x07, 0x77, 0xfd, 0xa2, 0x2c, 0x9c, 0xa0, 0xa8, 0x9c};
+  const auto key = encode_key({0x1234, 0x7f0000001000, 4096, Access::remote_atomic});
+  ASSERT_EQ(key.size(), documented.size());
+  for (std::size_t i = 0; i < key.size(); ++i) EXPECT_EQ(std::to_integer<std::uint8_t>(key[i]), documented[i]) << i;
+}
+
+TEST(VerbsWire, AVersionOneKeyFromAnOlderPeerIsInvalid) {
+  // The CVK1 record (no access field) that docs/backends.md used to show.
+  const std::vector<std::uint8_t> old = {0x43, 0x56, 0x4b, 0x31, 0x01, 0x34, 0x12, 0x00, 0x00, 0x00, 0x10,
+                                         0x00, 0x00, 0x00, 0x7f, 0x00, 0x00, 0x00, 0x10, 0x00, 0x00, 0x00,
+                                         0x00, 0x00, 0x00, 0x0c, 0xd8, 0x6e, 0x37, 0x7e, 0x27, 0x4a, 0xf1};
+  PackedKey key;
+  for (auto b : old) key.push_back(std::byte{b});
+  auto r = decode_key(key);
+  ASSERT_FALSE(r);
+  EXPECT_TRUE(r.error().is(errc::invalid_key)) << r.error().message();
+}
+
+TEST(VerbsWire, AKeyWhoseAccessExposesNothingIsInvalidEvenWithAGoodChecksum) {
+  for (unsigned value : {0U, 2U, 4U, 5U, 6U, 8U, 0xffU}) {
+    auto r = decode_key(encode_key({1, 4096, 4096, static_cast<Access>(value)}));
+    ASSERT_FALSE(r) << value;
+    EXPECT_TRUE(r.error().is(errc::invalid_key)) << value << ": " << r.error().message();
+  }
 }
 
 TEST(VerbsWire, EveryTruncationAndExtensionOfAKeyIsInvalid) {
-  const auto key = encode_key({1, 4096, 4096});
+  const auto key = encode_key({1, 4096, 4096, Access::remote_atomic});
   for (std::size_t n = 0; n < key.size(); ++n) {
     PackedKey cut(key.begin(), key.begin() + static_cast<std::ptrdiff_t>(n));
     auto r = decode_key(cut);
@@ -42,7 +76,7 @@ TEST(VerbsWire, EveryTruncationAndExtensionOfAKeyIsInvalid) {
 }
 
 TEST(VerbsWire, EveryFlippedByteOfAKeyIsNoticed) {
-  const auto key = encode_key({0x1234, 0x7f0000001000, 4096});
+  const auto key = encode_key({0x1234, 0x7f0000001000, 4096, Access::remote_atomic});
   for (std::size_t i = 0; i < key.size(); ++i) {
     for (auto flip : {std::byte{0x01}, std::byte{0x80}}) {
       auto bad = key;
@@ -59,7 +93,7 @@ TEST(VerbsWire, KeysWithAWrongMagicVersionOrRangeAreInvalid) {
   bad_magic[0] ^= std::byte{1};
   EXPECT_TRUE(decode_key(bad_magic).error().is(errc::invalid_key));
   auto bad_version = encode_key({1, 4096, 4096});
-  bad_version[4] = std::byte{2};
+  bad_version[4] = std::byte{1};
   EXPECT_TRUE(decode_key(bad_version).error().is(errc::invalid_key));
   EXPECT_TRUE(decode_key(encode_key({1, 4096, 0})).error().is(errc::invalid_key));
   EXPECT_TRUE(decode_key(encode_key({1, ~0ULL - 10, 100})).error().is(errc::invalid_key));
