@@ -62,17 +62,24 @@ AtomicRequest on(PeerId peer, const Words& words, std::size_t word, AtomicOp op,
   return AtomicRequest{peer, op, words.addr(word), operand, compare, words.key};
 }
 
+/// One target with a page of atomic words and `n` initiators connected to it.
+struct ManyInitiators {
+  ManyInitiators(const ContractParam& param, int n) : target(param.make()), words(*target.backend), sides(n) {
+    for (auto& side : sides) peers.push_back(join(param, target, side));
+  }
+  ContractSubject target;
+  Words words;
+  std::vector<ContractSubject> sides;
+  std::vector<PeerId> peers;
+};
+
 }  // namespace
 
 TEST_P(BackendContract, FetchAddsFromManyInitiatorsEndAtExactlyTheirSumAndEachSeesADistinctValue) {
   constexpr int initiators = 3;
   constexpr int adds = 200;
-  ContractSubject target = GetParam().make();
-  ASSERT_TRUE(target.backend);
-  Words words(*target.backend);
-  std::vector<ContractSubject> sides(initiators);
-  std::vector<PeerId> peers;
-  for (auto& side : sides) peers.push_back(join(GetParam(), target, side));
+  ManyInitiators many(GetParam(), initiators);
+  auto& [target, words, sides, peers] = many;
 
   // Every add is in flight at once: each initiator issues all of its own
   // before any answer is awaited.
@@ -103,12 +110,8 @@ TEST_P(BackendContract, FetchAddsFromManyInitiatorsEndAtExactlyTheirSumAndEachSe
 TEST_P(BackendContract, ACompareSwapCounterUnderContentionLosesNoIncrement) {
   constexpr int threads = 3;
   constexpr int increments = 60;
-  ContractSubject target = GetParam().make();
-  ASSERT_TRUE(target.backend);
-  Words words(*target.backend);
-  std::vector<ContractSubject> sides(threads);
-  std::vector<PeerId> peers;
-  for (auto& side : sides) peers.push_back(join(GetParam(), target, side));
+  ManyInitiators many(GetParam(), threads);
+  auto& [target, words, sides, peers] = many;
 
   std::atomic<int> failures{0};
   std::vector<std::thread> workers;

@@ -24,7 +24,8 @@ ContractSubject make_soft() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Verbs, BackendContract,
-                         ::testing::Values(ContractParam{"soft", &make_soft, std::chrono::seconds(5), {}, true, "verbs-soft"}),
+                         ::testing::Values(ContractParam{"soft", &make_soft, std::chrono::seconds(5), {}, true, "verbs-soft",
+                                                       verbs_no_notifications}),
                          ContractParamName{});
 
 }  // namespace

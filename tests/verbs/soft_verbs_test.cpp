@@ -303,6 +303,30 @@ class SoftVerbs : public ::testing::Test {
     return v.modify_qp(e.qp, &a, IBV_QP_STATE);
   }
 
+  /// Keeps `e`'s send queue `depth` deep until `wanted` work requests made by
+  /// `make(n)` completed well (or 5 s passed), polling to make room; how
+  /// many did.
+  template <class Make>
+  std::uint64_t keep_queue_full(Endpoint& e, std::uint32_t depth, std::uint64_t wanted, Make make) {
+    std::uint64_t posted = 0, in_flight = 0, good = 0;
+    const auto deadline = std::chrono::steady_clock::now() + 5s;
+    while (good < wanted && std::chrono::steady_clock::now() < deadline) {
+      while (posted < wanted && in_flight < depth) {
+        WorkRequest wr = make(posted);
+        if (post(e, wr) != 0) return good;
+        ++posted;
+        ++in_flight;
+      }
+      std::array<ibv_wc, 4> wc{};
+      const int n = v.poll_cq(e.cq, static_cast<int>(wc.size()), wc.data());
+      for (int k = 0; k < n; ++k) {
+        if (wc[static_cast<std::size_t>(k)].status == IBV_WC_SUCCESS) ++good;
+      }
+      in_flight -= static_cast<std::uint64_t>(std::max(n, 0));
+    }
+    return good;
+  }
+
   int post(Endpoint& e, WorkRequest& wr, ibv_send_wr** bad = nullptr) {
     ibv_send_wr* ignored = nullptr;
     return v.post_send(e.qp, wr.get(), bad != nullptr ? bad : &ignored);
@@ -975,23 +999,9 @@ TEST_F(SoftVerbs, ConcurrentPostersStayWithinTheirQueues) {
 
   // Each thread keeps its queue full: it posts while it has room and polls to make room.
   const auto run = [&](std::size_t i, std::uint64_t& good) {
-    Endpoint& e = *requesters[i];
-    std::uint64_t posted = 0, in_flight = 0;
-    const auto deadline = std::chrono::steady_clock::now() + 5s;
-    while (good < per_thread && std::chrono::steady_clock::now() < deadline) {
-      while (posted < per_thread && in_flight < depth) {
-        WorkRequest wr(IBV_WR_RDMA_WRITE, sources[i].data(), lmrs[i], 64, sinks[i].data(), rmrs[i]->rkey, posted);
-        if (post(e, wr) != 0) return;
-        ++posted;
-        ++in_flight;
-      }
-      std::array<ibv_wc, 4> wc{};
-      const int n = v.poll_cq(e.cq, static_cast<int>(wc.size()), wc.data());
-      for (int k = 0; k < n; ++k) {
-        if (wc[static_cast<std::size_t>(k)].status == IBV_WC_SUCCESS) ++good;
-      }
-      in_flight -= static_cast<std::uint64_t>(std::max(n, 0));
-    }
+    good = keep_queue_full(*requesters[i], depth, per_thread, [&](std::uint64_t n) {
+      return WorkRequest(IBV_WR_RDMA_WRITE, sources[i].data(), lmrs[i], 64, sinks[i].data(), rmrs[i]->rkey, n);
+    });
   };
   std::array<std::uint64_t, 2> good{};
   std::thread other(run, 1, std::ref(good[1]));
@@ -1101,23 +1111,9 @@ TEST_F(SoftVerbs, AtomicsStayAtomicAgainstEachOtherAndAgainstHostAtomicRef) {
                               reg(*responders[1], &word, 8, kAtomicRegion)};
 
   const auto run = [&](std::size_t i, std::uint64_t& good) {
-    Endpoint& e = *requesters[i];
-    std::uint64_t posted = 0, in_flight = 0;
-    const auto deadline = std::chrono::steady_clock::now() + 5s;
-    while (good < per_side && std::chrono::steady_clock::now() < deadline) {
-      while (posted < per_side && in_flight < depth) {
-        WorkRequest wr(IBV_WR_ATOMIC_FETCH_AND_ADD, &results[i], rmrs[i], &word, wmrs[i]->rkey, 1, 0, posted);
-        if (post(e, wr) != 0) return;
-        ++posted;
-        ++in_flight;
-      }
-      std::array<ibv_wc, 4> wc{};
-      const int n = v.poll_cq(e.cq, static_cast<int>(wc.size()), wc.data());
-      for (int k = 0; k < n; ++k) {
-        if (wc[static_cast<std::size_t>(k)].status == IBV_WC_SUCCESS) ++good;
-      }
-      in_flight -= static_cast<std::uint64_t>(std::max(n, 0));
-    }
+    good = keep_queue_full(*requesters[i], depth, per_side, [&](std::uint64_t n) {
+      return WorkRequest(IBV_WR_ATOMIC_FETCH_AND_ADD, &results[i], rmrs[i], &word, wmrs[i]->rkey, 1, 0, n);
+    });
   };
   std::array<std::uint64_t, 2> good{};
   std::thread other(run, 1, std::ref(good[1]));
