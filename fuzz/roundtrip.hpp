@@ -64,6 +64,14 @@ inline bool same(const rv::AcquireMany& a, const rv::AcquireMany& b) {
 }
 inline bool same(const rv::ReleaseMany& a, const rv::ReleaseMany& b) { return a.leases == b.leases; }
 inline bool same(const rv::ReleasedMany& a, const rv::ReleasedMany& b) { return a.codes == b.codes; }
+inline bool same(const rv::PushOpen&, const rv::PushOpen&) { return true; }
+inline bool same(const rv::PushOffer& a, const rv::PushOffer& b) { return a.peer_offer == b.peer_offer; }
+inline bool same(const rv::PushConnect& a, const rv::PushConnect& b) { return a.peer_answer == b.peer_answer; }
+inline bool same(const rv::PushReady&, const rv::PushReady&) { return true; }
+inline bool same(const rv::Push& a, const rv::Push& b) {
+  return a.name == b.name && a.notify == b.notify && a.tag == b.tag && a.landing == b.landing;
+}
+inline bool same(const rv::Pushed& a, const rv::Pushed& b) { return a.size == b.size; }
 inline bool same(const rv::Granted& a, const rv::Granted& b);
 
 /// Two variants (messages, grants) hold the same alternative, field for field.

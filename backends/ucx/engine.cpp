@@ -290,6 +290,9 @@ void Backend::Engine::run_transfer(const std::shared_ptr<UcxTransferOp>& op) {
   const auto& req = op->request;
   auto key = remote_key(req, *peer.value());
   if (!key) return answer(*op, std::move(key).error());
+  if (op->kind == backend_kit::TransferKind::put && !access_allows(key.value()->access(), Access::remote_read_write)) {
+    return answer(*op, fail(errc::not_owned, "the key's region takes no puts (registered without remote write)"));
+  }
   op->key = std::move(key).value();
   track(op, *region.value());
   peer.value()->wire_up_started = true;

@@ -37,10 +37,11 @@ struct ConsumerConfig {
   /// Fetches (of any kind) running at once on the connection, RDMA
   /// transfers included; more wait their turn, in order. At least 1.
   std::size_t max_fetches_in_flight = 16;
-  /// The rendezvous protocol version offered in the hello: 2 (batches) by
-  /// default; an owner that speaks only 1 answers with 1, and
-  /// async_fetch_many then fetches one object at a time.
-  std::uint16_t protocol_version = 2;
+  /// The rendezvous protocol version offered in the hello: 3 (push) by
+  /// default; an older owner answers with its own, and then
+  /// async_push_fetch reads instead (version 2) and async_fetch_many
+  /// fetches one object at a time (version 1).
+  std::uint16_t protocol_version = 3;
   /// Called on the consumer's executor as bytes arrive (after each chunk,
   /// and once when an RDMA transfer completes).
   std::function<void(std::uint64_t done, std::uint64_t total)> on_progress;
@@ -62,6 +63,22 @@ struct FetchOutcome {
   /// Windows read, when the owner lent the object in windows (larger than
   /// its budget holds); 0 when it was lent whole or sent in chunks.
   std::uint32_t windows = 0;
+  /// async_push_fetch: the owner wrote the object into the landing (path
+  /// rdma). False when the push was refused and the object was read
+  /// instead; `push_refusal` then says why.
+  bool pushed = false;
+  std::string push_refusal;
+};
+
+/// How async_push_fetch asks for an object.
+struct PushOptions {
+  /// Where in the landing region the object goes.
+  std::uint64_t offset = 0;
+  /// The owner also sends this tag as a notification (RdmaBackend::
+  /// async_receive_notification on this side's backend) once the bytes are
+  /// in place: for another part of this program that waits for them. It is
+  /// not sent when the push is refused and the object read instead.
+  std::optional<std::uint64_t> notify_tag;
 };
 
 /// Receives a fetched object's bytes in order: `bytes` belong at `offset`
@@ -113,6 +130,7 @@ struct ConsumerStats {
   PathCounters decisions;
   std::uint64_t fallbacks = 0;
   std::uint64_t renewals = 0;
+  std::uint64_t pushes = 0;  ///< objects the owner wrote into a landing (async_push_fetch)
 };
 
 /// One control connection to an owner. Fetches may be started concurrently
@@ -216,6 +234,28 @@ class Consumer {
                                 std::forward<Token>(token));
   }
 
+  /// Has the owner write `name` into `landing` at `options.offset` (the
+  /// prefill→decode shape: the bytes go where this side wants them, with no
+  /// read to issue here). `landing` is a region of the consumer's registry
+  /// registered with Access::remote_read_write, kept registered by the
+  /// caller; its key goes to this owner alone, with the landing's bytes from
+  /// the offset on, and the owner writes only the object's bytes there
+  /// (`out_of_range` when they do not fit). The first push on a connection
+  /// sets up the owner's peer towards this side (one more round trip).
+  /// Answered once the bytes are in place. When the owner takes no pushes
+  /// (an older protocol, OwnerConfig::accept_push off, its budget full, a
+  /// failed write), the object is fetched into the landing as
+  /// async_fetch_into would, exactly once, and the outcome says why
+  /// (`pushed` false, `push_refusal`). A cancelled push fetch answers once
+  /// the owner has stopped writing (its answer came or the connection was
+  /// lost): its landing is then no longer written. Completes with
+  /// Result<FetchOutcome>.
+  template <class Token = DefaultToken>
+  auto async_push_fetch(std::string name, RegionGuard& landing, PushOptions options = {}, Token&& token = {}) {
+    return detail::as_operation(executor(), push_fetch_coroutine(std::move(name), landing, options),
+                                std::forward<Token>(token));
+  }
+
   /// The protocol version agreed with the owner.
   [[nodiscard]] std::uint16_t protocol_version() const noexcept;
   /// Whether the owner accepted this consumer's RDMA offer.
@@ -236,6 +276,9 @@ class Consumer {
                                                                                    RegionGuard& destination);
   [[nodiscard]] boost::asio::awaitable<Result<FetchOutcome>> fetch_to_coroutine(std::string name,
                                                                                  StreamDestination destination);
+  [[nodiscard]] boost::asio::awaitable<Result<FetchOutcome>> push_fetch_coroutine(std::string name,
+                                                                                   RegionGuard& landing,
+                                                                                   PushOptions options);
   [[nodiscard]] boost::asio::awaitable<Result<ManyFetched>> fetch_many_coroutine(std::vector<std::string> names,
                                                                                  std::vector<FetchSlot> slots);
 

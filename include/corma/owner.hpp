@@ -102,6 +102,17 @@ struct OwnerConfig {
   /// found by the resolver are exported per lease (a file may change under
   /// its name).
   bool cache_exports = true;
+  /// Takes pushes (protocol version 3): a consumer offers memory of its own
+  /// for one object and this owner writes the object into it, then tells
+  /// it so, instead of the consumer reading. This owner then connects a
+  /// peer of its backend to each consumer that asks (the reverse of the
+  /// hello's peer) and writes with the consumer's key. Both come from the
+  /// consumer: corma checks their framing, but UCX does not check the
+  /// worker address or key inside them (it may abort on a malformed one),
+  /// so turn this on only for consumers trusted that far (the same trust
+  /// as UcxConfig::trusted_peers). verbs records are corma's own, checked
+  /// whole.
+  bool accept_push = false;
 };
 
 struct OwnerStats {
@@ -120,6 +131,8 @@ struct OwnerStats {
   std::uint64_t exports_registered = 0;  ///< registrations made for leases, ever
   std::uint64_t exports_evicted = 0;     ///< cached exports given up for room in the budget
   std::uint64_t windows = 0;             ///< windows registered for objects larger than the budget holds
+  std::uint64_t pushes = 0;              ///< objects written into consumers' memory (protocol version 3)
+  std::uint64_t pushed_bytes = 0;
 };
 
 /// Runs on one executor (give it a single-threaded io_context or a strand):

@@ -47,6 +47,9 @@ Consumer::~Consumer() {
   if (state_->peer && state_->registry) {
     state_->registry->backend()->async_peer_close(*state_->peer, [](Result<void>) {});
   }
+  if (state_->push_peer && state_->registry) {
+    state_->registry->backend()->async_peer_close(*state_->push_peer, [](Result<void>) {});
+  }
 }
 
 namespace {
@@ -116,6 +119,12 @@ asio::awaitable<Result<FetchOutcome>> fetch_into(std::shared_ptr<Consumer::State
   co_return co_await state->fetch(std::move(name), registered);
 }
 
+asio::awaitable<Result<FetchOutcome>> push_fetch(std::shared_ptr<Consumer::State> state, std::string name,
+                                                 RegionGuard& landing, PushOptions options) {
+  CORMA_CO_TRY(const auto place, co_await state->fetches.enter());
+  co_return co_await state->push_fetch(std::move(name), landing, options);
+}
+
 asio::awaitable<Result<ManyFetched>> fetch_many(std::shared_ptr<Consumer::State> state,
                                                 std::vector<std::string> names, std::vector<FetchSlot> slots) {
   if (names.size() != slots.size()) {
@@ -142,6 +151,11 @@ asio::awaitable<Result<FetchOutcome>> Consumer::fetch_into_coroutine(std::string
 asio::awaitable<Result<FetchOutcome>> Consumer::fetch_to_coroutine(std::string name,
                                                                    StreamDestination destination) {
   return fetch_to(state_, std::move(name), std::move(destination));
+}
+
+asio::awaitable<Result<FetchOutcome>> Consumer::push_fetch_coroutine(std::string name, RegionGuard& landing,
+                                                                     PushOptions options) {
+  return push_fetch(state_, std::move(name), landing, options);
 }
 
 asio::awaitable<Result<ManyFetched>> Consumer::fetch_many_coroutine(std::vector<std::string> names,

@@ -83,6 +83,9 @@ void Consumer::State::owner_lost() {
   if (peer) {
     registry->backend()->async_peer_close(*std::exchange(peer, std::nullopt), [](Result<void>) {});
   }
+  if (push_peer) {
+    registry->backend()->async_peer_close(*std::exchange(push_peer, std::nullopt), [](Result<void>) {});
+  }
 }
 
 std::optional<Error> Consumer::State::lost() const {

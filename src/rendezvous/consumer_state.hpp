@@ -11,6 +11,7 @@
 #include <corma/descriptor.hpp>
 
 #include <boost/asio/cancellation_signal.hpp>
+#include <boost/asio/steady_timer.hpp>
 
 #include <cstdint>
 #include <functional>
@@ -65,6 +66,13 @@ struct Consumer::State {
   /// cancelled (terminal), so that none waits for a dead peer.
   std::set<boost::asio::cancellation_signal*> transfers;
   ConsumerStats stats;
+  /// The owner's peer towards this side, for pushes (consumer_push.cpp):
+  /// set up by the first push, once; `push_setup` is the set-up under way
+  /// (its waiters are woken when it ends), `push_unavailable` why the owner
+  /// takes none (asked once per connection).
+  std::optional<PeerId> push_peer;
+  std::shared_ptr<boost::asio::steady_timer> push_setup;
+  std::optional<Error> push_unavailable;
 
   State(boost::asio::any_io_executor ex, std::shared_ptr<Registry> r, ConsumerConfig c);
   State(const State&) = delete;
@@ -157,6 +165,14 @@ struct Consumer::State {
   Awaitable<ManyFetched> fetch_many(std::vector<std::string> names, std::vector<FetchSlot> slots);
 
   Awaitable<Result<void>> hello();
+
+  // ---- push (consumer_push.cpp) ----------------------------------------------------
+
+  /// One object written by the owner into `landing` at `options.offset`,
+  /// read the ordinary way when the owner does not push it.
+  Awaitable<Result<FetchOutcome>> push_fetch(std::string name, RegionGuard& landing, PushOptions options);
+  /// The push peer, set up on the first call (concurrent callers wait for it).
+  Awaitable<Result<PeerId>> push_peer_ready();
 
  private:
   /// Checks the answer to a pull of [offset, offset + len) and hands its

@@ -34,20 +34,24 @@ Result<std::vector<std::byte>> get_blob(Reader& in, std::string_view field, std:
   return in.byte_vector(len, field);
 }
 
+/// u32 length + bytes.
+void put_blob(Writer& out, const std::vector<std::byte>& blob, const char* what) {
+  out.u32(checked_length<std::uint32_t>(blob.size(), what));
+  out.bytes(blob);
+}
+
 // ---- payload encoders --------------------------------------------------------
 
 void put_payload(Writer& out, const Hello& m) {
   out.u16(m.version);
   put_backend(out, m.backend);
-  out.u32(checked_length<std::uint32_t>(m.peer_offer.size(), "peer offer"));
-  out.bytes(m.peer_offer);
+  put_blob(out, m.peer_offer, "peer offer");
 }
 
 void put_payload(Writer& out, const HelloOk& m) {
   out.u16(m.version);
   put_backend(out, m.backend);
-  out.u32(checked_length<std::uint32_t>(m.peer_answer.size(), "peer answer"));
-  out.bytes(m.peer_answer);
+  put_blob(out, m.peer_answer, "peer answer");
   out.u32(m.max_frame_body);
   if (m.version >= batch_protocol_version) out.u16(m.max_batch);
 }
@@ -69,10 +73,7 @@ void put_lease_terms(Writer& out, std::uint64_t lease, std::uint64_t size, std::
   out.u32(lease_timeout_ms);
 }
 
-void put_descriptor(Writer& out, const std::vector<std::byte>& descriptor) {
-  out.u32(checked_length<std::uint32_t>(descriptor.size(), "descriptor"));
-  out.bytes(descriptor);
-}
+void put_descriptor(Writer& out, const std::vector<std::byte>& descriptor) { put_blob(out, descriptor, "descriptor"); }
 
 void put_payload(Writer& out, const RdmaGrant& m) {
   put_lease_terms(out, m.lease, m.size, m.lease_timeout_ms);
@@ -164,6 +165,21 @@ void put_payload(Writer& out, const ReleasedMany& m) {
   put_batch_count(out, m.codes.size(), "released_many codes");
   for (auto code : m.codes) out.u16(code);
 }
+
+void put_payload(Writer&, const PushOpen&) {}
+void put_payload(Writer&, const PushReady&) {}
+
+void put_payload(Writer& out, const PushOffer& m) { put_blob(out, m.peer_offer, "push peer offer"); }
+void put_payload(Writer& out, const PushConnect& m) { put_blob(out, m.peer_answer, "push peer answer"); }
+
+void put_payload(Writer& out, const Push& m) {
+  put_name(out, m.name);
+  out.u8(m.notify ? 1 : 0);
+  out.u64(m.tag);
+  put_descriptor(out, m.landing);
+}
+
+void put_payload(Writer& out, const Pushed& m) { out.u64(m.size); }
 
 // ---- payload decoders --------------------------------------------------------
 
@@ -420,6 +436,43 @@ template <class T>
 Result<Message> widen(Result<T> decoded) {
   CORMA_TRY(auto value, std::move(decoded));
   return Message{std::in_place_type<T>, std::move(value)};
+}
+
+Result<PushOpen> get_push_open(Reader&) { return PushOpen{}; }
+Result<PushReady> get_push_ready(Reader&) { return PushReady{}; }
+
+/// A peer blob of 1..max_peer_blob_size bytes.
+Result<std::vector<std::byte>> get_peer_blob(Reader& in, std::string_view field) {
+  CORMA_TRY(auto blob, get_blob(in, field, max_peer_blob_size));
+  if (blob.empty()) return fail(errc::protocol, std::string(field) + " is empty");
+  return blob;
+}
+
+Result<PushOffer> get_push_offer(Reader& in) {
+  PushOffer m;
+  CORMA_TRY(m.peer_offer, get_peer_blob(in, "push_offer peer offer"));
+  return m;
+}
+
+Result<PushConnect> get_push_connect(Reader& in) {
+  PushConnect m;
+  CORMA_TRY(m.peer_answer, get_peer_blob(in, "push_connect peer answer"));
+  return m;
+}
+
+Result<Push> get_push(Reader& in) {
+  Push m;
+  CORMA_TRY(m.name, get_name(in, "push"));
+  CORMA_TRY(m.notify, get_flag(in, "push notify"));
+  CORMA_TRY(m.tag, in.u64("push tag"));
+  CORMA_TRY(m.landing, get_descriptor(in, "push landing"));
+  return m;
+}
+
+Result<Pushed> get_pushed(Reader& in) {
+  Pushed m;
+  CORMA_TRY(m.size, in.u64("pushed size"));
+  return m;
 }
 
 Result<NotFound> get_not_found(Reader&) { return NotFound{}; }

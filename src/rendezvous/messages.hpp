@@ -18,12 +18,16 @@ namespace corma::rendezvous {
 
 /// The version a consumer offers and an owner speaks; an owner also
 /// serves consumers of every version from oldest_protocol_version on.
-inline constexpr std::uint16_t protocol_version = 2;
+inline constexpr std::uint16_t protocol_version = 3;
 inline constexpr std::uint16_t oldest_protocol_version = 1;
 /// Version 2 adds the batch frames (acquire_many, granted, release_many,
 /// released_many), hello_ok's max_batch, and RDMA windows (rdma_window,
 /// next_window).
 inline constexpr std::uint16_t batch_protocol_version = 2;
+/// Version 3 adds push (push_open, push_offer, push_connect, push_ready,
+/// push, pushed): the owner writes an object into memory the consumer
+/// offers for it.
+inline constexpr std::uint16_t push_protocol_version = 3;
 /// u32 body length, u8 type, u8 reserved, u16 reserved, u64 request id.
 inline constexpr std::size_t frame_header_size = 16;
 /// Bytes after the length prefix of the fixed header.
@@ -63,7 +67,13 @@ inline constexpr std::uint32_t default_max_frame_body = (1u << 20) + 64;
   X(16, release_many, ReleaseMany)   \
   X(17, released_many, ReleasedMany) \
   X(18, rdma_window, RdmaWindow)     \
-  X(19, next_window, NextWindow)
+  X(19, next_window, NextWindow)     \
+  X(20, push_open, PushOpen)         \
+  X(21, push_offer, PushOffer)       \
+  X(22, push_connect, PushConnect)   \
+  X(23, push_ready, PushReady)       \
+  X(24, push, Push)                  \
+  X(25, pushed, Pushed)
 
 #define CORMA_MESSAGE_ENUMERATOR(value, name, Type) name = value,
 enum class MessageType : std::uint8_t { CORMA_RENDEZVOUS_MESSAGES(CORMA_MESSAGE_ENUMERATOR) };
@@ -176,6 +186,37 @@ struct ReleaseMany {
 /// region_not_found for a lease this connection does not hold.
 struct ReleasedMany {
   std::vector<std::uint16_t> codes;
+};
+
+/// Version 3, consumer → owner: asks for a peer the owner initiates, to
+/// write into this consumer (the reverse of the hello's peer, whose
+/// initiator is the consumer). Answered `push_offer`, or `error`
+/// (`not_configured` when the owner takes no pushes).
+struct PushOpen {};
+/// Owner → consumer: the owner backend's peer offer (max_peer_blob_size).
+struct PushOffer {
+  std::vector<std::byte> peer_offer;
+};
+/// Consumer → owner: the consumer backend's answer to that offer.
+struct PushConnect {
+  std::vector<std::byte> peer_answer;
+};
+/// Owner → consumer: the push peer is connected.
+struct PushReady {};
+/// Consumer → owner: write the object `name` into the memory `landing`
+/// describes (an encoded descriptor of the consumer's registration, at
+/// least the object's size), then notify `tag` when `notify` is set.
+/// Answered `pushed` once the bytes are in place at the consumer, or as an
+/// acquire would be refused (`not_found`, `error`).
+struct Push {
+  std::string name;
+  bool notify = false;
+  std::uint64_t tag = 0;
+  std::vector<std::byte> landing;
+};
+/// Owner → consumer: the object's `size` bytes are at the landing's start.
+struct Pushed {
+  std::uint64_t size = 0;
 };
 
 /// The largest encoding of one answer in `granted` (a grant with the

@@ -41,6 +41,12 @@ asio::awaitable<bool> Owner::State::take(const Session& session, AnswerQueue& an
     queue_request(session, answers, std::move(frame));
     co_return true;
   }
+  const bool push_request = std::holds_alternative<PushOpen>(message) || std::holds_alternative<PushConnect>(message) ||
+                            std::holds_alternative<Push>(message);
+  if (push_request && session.version3) {
+    start_push_request(session, answers, std::move(frame));
+    co_return true;
+  }
   if (auto* many = std::get_if<AcquireMany>(&message); many != nullptr && session.version2) {
     // A batch over the announced limit is refused whole, at once.
     auto refused = admit_batch(many->names.size());
@@ -67,6 +73,9 @@ asio::awaitable<bool> Owner::State::take(const Session& session, AnswerQueue& an
              std::holds_alternative<NextWindow>(message)) {
     ++stats.refused_requests;  // a version 1 session: answered, the connection kept
     reply = ErrorReply{static_cast<std::uint16_t>(errc::protocol), "this request needs protocol version 2"};
+  } else if (push_request) {
+    ++stats.refused_requests;  // answered, the connection kept
+    reply = ErrorReply{static_cast<std::uint16_t>(errc::protocol), "push needs protocol version 3"};
   } else {
     hostile = true;  // a consumer never sends owner messages
     ++stats.refused_requests;
@@ -86,7 +95,8 @@ asio::awaitable<void> Owner::State::session(asio::ip::tcp::socket socket) {
   const auto greeting = co_await handshake(*connection);
   --handshakes;
   const auto& peer = greeting.peer;
-  const Session session{session_id, peer.has_value(), greeting.version >= batch_protocol_version};
+  const Session session{session_id, peer.has_value(), greeting.version >= batch_protocol_version,
+                        greeting.version >= push_protocol_version};
   AnswerQueue answers(*connection, config.io_timeout);
   const auto in_flight = std::max<std::size_t>(config.max_requests_in_flight, 1);
   const auto names_in_flight = std::max<std::size_t>(config.max_names_in_flight, 1);
@@ -115,6 +125,7 @@ asio::awaitable<void> Owner::State::session(asio::ip::tcp::socket socket) {
   connection->close();
   connections.erase(connection);
   drop_leases_of(session_id);
+  co_await close_push_peer(session_id);
   if (peer && registry) {
     (void)co_await registry->backend()->async_peer_close(*peer, asio::use_awaitable);
   }

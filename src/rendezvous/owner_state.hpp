@@ -1,7 +1,8 @@
 // The state of an Owner, shared by the files that implement it:
 // owner_leases.cpp (objects, leases, batches), owner_exports.cpp
 // (registrations, the export cache, windows), owner_session.cpp (one
-// connection: its hello, its requests worked on concurrently) and owner.cpp
+// connection: its hello, its requests worked on concurrently), owner_push.cpp
+// (writing objects into consumers' memory) and owner.cpp
 // (the public operations).
 #pragma once
 
@@ -103,6 +104,9 @@ struct Owner::State : std::enable_shared_from_this<State> {
   using Lease = rendezvous::Lease;
   using Message = rendezvous::Message;
   using NextWindow = rendezvous::NextWindow;
+  using Push = rendezvous::Push;
+  using PushConnect = rendezvous::PushConnect;
+  using PushOpen = rendezvous::PushOpen;
   using Pull = rendezvous::Pull;
   using Release = rendezvous::Release;
   using ReleaseMany = rendezvous::ReleaseMany;
@@ -360,6 +364,7 @@ struct Owner::State : std::enable_shared_from_this<State> {
     std::uint64_t id = 0;
     bool rdma_peer = false;  ///< the consumer's RDMA offer was taken
     bool version2 = false;   ///< batches and windows
+    bool version3 = false;   ///< push
   };
 
   /// Queues an acquire, a batch of them or a window for dispatch(); they
@@ -376,6 +381,29 @@ struct Owner::State : std::enable_shared_from_this<State> {
   Awaitable<bool> take(const Session& session, AnswerQueue& answers, Frame frame);
 
   Awaitable<void> session(boost::asio::ip::tcp::socket socket);
+
+  // ---- push (owner_push.cpp) ----
+
+  /// A connection's push peer: this owner's backend initiates it, so that
+  /// it may write into the consumer (the hello's peer goes the other way).
+  struct PushPeer {
+    enum class Stage { opening, offered, connecting, ready };
+    Stage stage = Stage::opening;
+    PeerId peer{};
+  };
+  /// By session; closed when the session ends.
+  std::unordered_map<std::uint64_t, PushPeer> push_peers;
+
+  /// Works on a push request (push_open, push_connect or push) in the
+  /// background and answers it in `answers`.
+  void start_push_request(const Session& session, AnswerQueue& answers, Frame frame);
+  Awaitable<Message> push_open(std::uint64_t session);
+  Awaitable<Message> push_connect(std::uint64_t session, PushConnect request);
+  /// Writes the object into the consumer's landing, then notifies or
+  /// flushes, so that `pushed` is answered once the bytes are in place.
+  Awaitable<Message> push(std::uint64_t session, Push request);
+  /// The session ended: its push peer is closed.
+  Awaitable<void> close_push_peer(std::uint64_t session);
 
   /// Turns a connection away with one `budget_exceeded` frame, written
   /// without waiting (a fresh socket's send buffer takes it whole), and closes it.

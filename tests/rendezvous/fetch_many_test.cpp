@@ -95,7 +95,7 @@ class FetchMany : public Rendezvous {
 TEST_F(FetchMany, ASetArrivesWholeInBatchesOfTheOwnersLimit) {
   start_owner_with_objects(corma::OwnerConfig{.max_leases_per_connection = 128, .max_batch_objects = 64});
   auto c = consumer();
-  EXPECT_EQ(c->protocol_version(), 2);
+  EXPECT_EQ(c->protocol_version(), rv::protocol_version);
   auto [names, slots] = whole_set();
   auto outcomes = fetch_all(*c, names, slots);
   expect_whole_set(outcomes);
@@ -302,7 +302,7 @@ TEST_F(Rendezvous, ABatchOverTheOwnersLimitIsRefusedWholeAndTheConnectionServesO
     auto request1 = message(rv::Hello{});
     auto hello = co_await client.ask(std::move(request1));
     auto* ok = hello ? std::get_if<rv::HelloOk>(&hello.value()) : nullptr;
-    EXPECT_TRUE(ok != nullptr && ok->version == 2 && ok->max_batch == 64);
+    EXPECT_TRUE(ok != nullptr && ok->version == rv::protocol_version && ok->max_batch == 64);
     rv::AcquireMany thousand;
     for (int i = 0; i < 1000; ++i) thousand.names.push_back("big");
     auto request2 = message(std::move(thousand));

@@ -67,6 +67,13 @@ std::vector<Frame> samples() {
       {24, rv::RdmaWindow{31, 10 << 20, 30000, 4 << 20, 4 << 20, descriptor_bytes()}},
       {25, rv::NextWindow{31, 8 << 20}},
       {26, rv::Granted{{rv::RdmaWindow{32, 3 << 20, 1000, 0, 1 << 20, descriptor_bytes()}}}},
+      {27, rv::PushOpen{}},
+      {28, rv::PushOffer{blob(20)}},
+      {29, rv::PushConnect{blob(33)}},
+      {30, rv::PushReady{}},
+      {31, rv::Push{"kv/block-7", true, 0x1122334455667788, descriptor_bytes()}},
+      {32, rv::Push{"x", false, 0, descriptor_bytes()}},
+      {33, rv::Pushed{1 << 20}},
   };
 }
 
@@ -204,7 +211,7 @@ TEST(FrameLayout, ChunkedReasonNames) {
 // ---- round trips -------------------------------------------------------------------
 
 TEST(FrameRoundTrip, EveryMessageType) {
-  std::vector<bool> seen(20, false);
+  std::vector<bool> seen(std::variant_size_v<rv::Message> + 1, false);
   for (const auto& frame : samples()) {
     EXPECT_TRUE(round_trips(frame)) << "request " << frame.request_id;
     seen.at(static_cast<std::size_t>(rv::type_of(frame.message))) = true;
@@ -646,12 +653,30 @@ TEST(FrameHostile, ChangedHeaderBytesAreRefusedExactlyWhereTheLayoutSaysSo) {
       ASSERT_TRUE(check.mismatch.empty()) << check.mismatch;
       // Only the request id is free; a changed length makes the frame
       // disagree with its body, a changed type leaves an 8-byte payload that
-      // only a release (the same layout) accepts.
+      // only a release and a pushed (the same layout) accept.
       const bool free_byte = at >= 8;
-      const bool release = at == 4 && value == static_cast<unsigned>(MessageType::release);
-      EXPECT_EQ(check.accepted, free_byte || release) << "byte " << at << " = " << value;
+      const bool same_layout = at == 4 && (value == static_cast<unsigned>(MessageType::release) ||
+                                           value == static_cast<unsigned>(MessageType::pushed));
+      EXPECT_EQ(check.accepted, free_byte || same_layout) << "byte " << at << " = " << value;
     }
   }
+}
+
+TEST(FrameHostile, PushFramesRefuseWhatTheirLayoutForbids) {
+  // An empty peer blob, a notify flag other than 0 or 1, and a push with no landing.
+  auto empty_offer = body_of({1, rv::PushOffer{blob(4)}});
+  put_le(empty_offer, payload_at, 0, 4);
+  empty_offer.resize(payload_at + 4);
+  EXPECT_TRUE(refused(empty_offer));
+  auto push = body_of({2, rv::Push{"x", true, 5, descriptor_bytes()}});
+  const std::size_t flag_at = payload_at + 2 + 1;
+  ASSERT_EQ(static_cast<std::uint8_t>(push[flag_at]), 1);
+  push[flag_at] = std::byte{2};
+  EXPECT_TRUE(refused(push));
+  auto no_landing = body_of({3, rv::Push{"x", false, 0, descriptor_bytes()}});
+  no_landing.resize(payload_at + 2 + 1 + 1 + 8);
+  no_landing.insert(no_landing.end(), 4, std::byte{0});
+  EXPECT_TRUE(refused(no_landing));
 }
 
 }  // namespace

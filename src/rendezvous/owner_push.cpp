@@ -1,0 +1,162 @@
+// Push (protocol version 3): a consumer offers memory of its own for one
+// object and the owner writes the object there. The owner needs a peer it
+// initiates for that (the hello's peer is the consumer's), set up by
+// push_open / push_connect once per connection; each push then writes only
+// into the landing the consumer named for that object, never past the
+// object's size, and is answered once the bytes are in place there.
+#include "owner_state.hpp"
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+namespace corma {
+
+namespace asio = boost::asio;
+using namespace rendezvous;
+
+namespace {
+
+ErrorReply refusal(errc code, std::string detail) {
+  return ErrorReply{static_cast<std::uint16_t>(code), std::move(detail)};
+}
+
+/// Works on one push request and answers it; the session waits for this
+/// answer before it ends (AnswerQueue::until_below), so `answers` outlives it.
+asio::awaitable<void> answer_push(std::shared_ptr<Owner::State> state, std::uint64_t session, AnswerQueue& answers,
+                                  Frame request) {
+  Message reply;
+  try {
+    if (std::holds_alternative<PushOpen>(request.message)) {
+      reply = co_await state->push_open(session);
+    } else if (auto* connect = std::get_if<PushConnect>(&request.message)) {
+      reply = co_await state->push_connect(session, std::move(*connect));
+    } else {
+      reply = co_await state->push(session, std::get<Push>(std::move(request.message)));
+    }
+  } catch (const std::exception& e) {
+    reply = error_reply(Error{errc::backend, std::string("the owner failed to answer: ") + e.what()});
+  }
+  Frame response{request.request_id, std::move(reply)};
+  co_await answers.answer(std::move(response));
+}
+
+}  // namespace
+
+void Owner::State::start_push_request(const Session& session, AnswerQueue& answers, Frame frame) {
+  asio::co_spawn(executor, answer_push(shared_from_this(), session.id, answers, std::move(frame)), asio::detached);
+}
+
+asio::awaitable<Message> Owner::State::push_open(std::uint64_t session) {
+  if (!config.accept_push || !registry) co_return refusal(errc::not_configured, "this owner takes no pushes");
+  if (draining) co_return refusal(errc::shutting_down, "the owner is draining");
+  if (push_peers.contains(session)) {
+    ++stats.refused_requests;
+    co_return refusal(errc::protocol, "this connection already opened its push peer");
+  }
+  push_peers.emplace(session, PushPeer{});
+  auto offer = co_await registry->backend()->async_peer_offer(asio::use_awaitable);
+  if (!offer) {
+    push_peers.erase(session);
+    co_return error_reply(offer.error());
+  }
+  auto& entry = push_peers.at(session);
+  entry.peer = offer.value().peer;
+  entry.stage = PushPeer::Stage::offered;
+  co_return rendezvous::PushOffer{std::move(offer.value().blob)};
+}
+
+asio::awaitable<Message> Owner::State::push_connect(std::uint64_t session, PushConnect request) {
+  auto it = push_peers.find(session);
+  if (it == push_peers.end() || it->second.stage != PushPeer::Stage::offered) {
+    ++stats.refused_requests;
+    co_return refusal(errc::protocol, "push_connect without a push_offer waiting for it");
+  }
+  it->second.stage = PushPeer::Stage::connecting;
+  const auto peer = it->second.peer;
+  // The backend checks every byte of the answer before its provider sees it
+  // (what it cannot check is the trust OwnerConfig::accept_push states).
+  auto connected =
+      co_await registry->backend()->async_peer_complete(peer, std::move(request.peer_answer), asio::use_awaitable);
+  if (!connected) {
+    ++stats.refused_requests;
+    push_peers.erase(session);
+    (void)co_await registry->backend()->async_peer_close(peer, asio::use_awaitable);
+    co_return error_reply(connected.error());
+  }
+  push_peers.at(session).stage = PushPeer::Stage::ready;
+  co_return rendezvous::PushReady{};
+}
+
+asio::awaitable<Message> Owner::State::push(std::uint64_t session, Push request) {
+  auto it = push_peers.find(session);
+  if (it == push_peers.end() || it->second.stage != PushPeer::Stage::ready) {
+    ++stats.refused_requests;
+    co_return refusal(errc::not_configured, "no push peer on this connection: push_open and push_connect first");
+  }
+  const auto peer = it->second.peer;
+  if (auto valid = check_object_name(request.name); !valid) {
+    ++stats.refused_requests;
+    co_return error_reply(valid.error());
+  }
+  // A push holds its object as a lease does while it runs, and counts as one.
+  if (auto refused = lease_cap_refusal(session)) {
+    ++stats.refused_requests;
+    co_return error_reply(*refused);
+  }
+  const AcquireUnderWay under_way(*this, session);
+  if (draining) co_return refusal(errc::shutting_down, "the owner is draining");
+  auto landing = decode_descriptor(request.landing);
+  if (!landing || landing.value().backend != registry->backend()->wire_id()) {
+    ++stats.refused_requests;
+    co_return landing ? refusal(errc::invalid_key, "the landing names another backend")
+                      : error_reply(landing.error());
+  }
+  auto object = find(request.name);
+  if (!object) {
+    if (!object.error().is(errc::region_not_found)) co_return error_reply(object.error());
+    ++stats.not_found;
+    co_return rendezvous::NotFound{};
+  }
+  const std::uint64_t size = object.value().bytes.size();
+  // Never a byte past what the consumer offered for this object.
+  if (landing.value().len < size) {
+    ++stats.refused_requests;
+    co_return refusal(errc::out_of_range, "the landing holds " + std::to_string(landing.value().len) +
+                                              " bytes, the object " + std::to_string(size));
+  }
+  const bool published_here = published.contains(request.name);
+  const auto publication = publication_of(request.name);
+  auto backend = registry->backend();
+  if (size > 0) {
+    // The object's export serves as the put's source: kept registered
+    // between pushes like a lease's, and charged to the budget the same way.
+    auto exported = co_await export_object(request.name, object.value(), published_here);
+    if (!exported) co_return error_reply(exported.error());
+    auto written = co_await exported.value()->guard.async_put(peer, landing.value(), TransferRange{0, 0, size},
+                                                              asio::use_awaitable);
+    if (!written) co_return error_reply(written.error());
+  }
+  // A notification arrives after the put's bytes are visible; without one,
+  // a flush says the same before the answer goes.
+  auto landed = request.notify ? co_await backend->async_notify(peer, request.tag, asio::use_awaitable)
+                               : co_await backend->async_flush(peer, asio::use_awaitable);
+  if (!landed) co_return error_reply(landed.error());
+  if (published_here && publication_of(request.name) != publication) {
+    co_return refusal(errc::object_changed, "the object was published again while it was pushed");
+  }
+  ++stats.pushes;
+  stats.pushed_bytes += size;
+  co_return rendezvous::Pushed{size};
+}
+
+asio::awaitable<void> Owner::State::close_push_peer(std::uint64_t session) {
+  auto it = push_peers.find(session);
+  if (it == push_peers.end()) co_return;
+  const auto peer = it->second.peer;
+  const bool made = it->second.stage != PushPeer::Stage::opening;
+  push_peers.erase(it);
+  if (made) (void)co_await registry->backend()->async_peer_close(peer, asio::use_awaitable);
+}
+
+}  // namespace corma
