@@ -49,32 +49,23 @@ Result<void> Backend::Engine::start() {
   ucp_config_release(ucp_config);
   if (init != UCS_OK) return ucs_error(errc::not_configured, "ucp_init", init);
 
-  ucp_worker_params_t worker_params{};
-  worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-  worker_params.thread_mode = UCS_THREAD_MODE_SINGLE;
-  if (auto st = ucp_worker_create(context, &worker_params, &worker); st != UCS_OK) {
+  if (auto opened = accepting.open(context, io); !opened) {
     ucp_cleanup(context);
-    return ucs_error(errc::not_configured, "ucp_worker_create", st);
+    context = nullptr;
+    return std::move(opened).error();
   }
 
   ucp_address_t* address = nullptr;
   std::size_t address_len = 0;
-  if (auto st = ucp_worker_get_address(worker, &address, &address_len); st != UCS_OK) {
+  if (auto st = ucp_worker_get_address(accepting.handle(), &address, &address_len); st != UCS_OK) {
     tear_down();
     return ucs_error(errc::not_configured, "ucp_worker_get_address", st);
   }
   const auto* bytes = reinterpret_cast<const std::byte*>(address);
   own_address.assign(bytes, bytes + address_len);
-  ucp_worker_release_address(worker, address);
-
-  int efd = -1;
-  if (auto st = ucp_worker_get_efd(worker, &efd); st != UCS_OK) {
-    tear_down();
-    return ucs_error(errc::not_configured, "ucp_worker_get_efd", st);
-  }
-  wake.emplace(io, ::dup(efd));  // asio closes its own copy
+  ucp_worker_release_address(accepting.handle(), address);
   if (rma) {
-    if (auto listening = listen_for_notifications(); !listening) {
+    if (auto listening = listen_for_notifications(accepting.handle()); !listening) {
       tear_down();
       return std::move(listening).error();
     }
@@ -107,7 +98,8 @@ std::size_t Backend::Engine::progress() {
   if (torn_down()) return 0;
   flush_puts();
   std::size_t events = 0;
-  while (ucp_worker_progress(worker) != 0) ++events;
+  events += accepting.progress();
+  events += connecting.progress();
   put_flushes.remove_if([](const PutFlush& flush) { return flush.done; });
   events += handle_notification_messages();
   // Completions recorded inside UCX callbacks are finished here, outside
@@ -143,13 +135,10 @@ void Backend::Engine::poll_closing() {
 }
 
 bool Backend::Engine::arm_for_sleep() {
-  if (ucp_worker_arm(worker) == UCS_ERR_BUSY) return false;  // events pending: progress again
-  if (!wake_armed) {
-    wake_armed = true;
-    wake->async_wait(asio::posix::stream_descriptor::wait_read,
-                     [this](boost::system::error_code) { wake_armed = false; });
-  }
-  return true;
+  // Both, every time: the thread wakes on whichever has an event.
+  const bool accepting_idle = accepting.arm_for_sleep();
+  const bool connecting_idle = connecting.arm_for_sleep();
+  return accepting_idle && connecting_idle;
 }
 
 // ---- map / unmap ----
@@ -505,8 +494,16 @@ Result<ucp_ep_h> Backend::Engine::create_endpoint(const std::vector<std::byte>& 
   } else {
     params.err_mode = UCP_ERR_HANDLING_MODE_NONE;
   }
+  if (!connecting.is_open()) {
+    CORMA_TRY(connecting.open(context, io));
+    // Acknowledgements of our notifications arrive on this worker.
+    if (auto listening = listen_for_notifications(connecting.handle()); !listening) {
+      connecting.destroy();
+      return std::move(listening).error();
+    }
+  }
   ucp_ep_h ep = nullptr;
-  if (auto st = ucp_ep_create(worker, &params, &ep); st != UCS_OK) {
+  if (auto st = ucp_ep_create(connecting.handle(), &params, &ep); st != UCS_OK) {
     return ucs_error(errc::peer_unreachable, "ucp_ep_create", st);
   }
   return ep;

@@ -5,6 +5,7 @@
 
 #include "backend_kit/transfer_engine.hpp"
 #include "remote_key.hpp"
+#include "worker.hpp"
 #include "wire.hpp"
 
 #include <corma/ucx.hpp>
@@ -152,8 +153,8 @@ struct Backend::Engine final : backend_kit::TransferEngine<UcxTransferOp> {
   void poll_closing();
 
   // Notifications (notifications.cpp).
-  /// Registers the active-message handlers (with RMA: peers exist).
-  Result<void> listen_for_notifications();
+  /// Registers the active-message handlers on `worker` (with RMA: peers exist).
+  Result<void> listen_for_notifications(ucp_worker_h worker);
   /// A notification's UCX step ended well: the next one starts; true once
   /// it is sent and acknowledged (then it is answered by the acknowledgement).
   bool notification_answered(UcxTransferOp& op);
@@ -184,15 +185,17 @@ struct Backend::Engine final : backend_kit::TransferEngine<UcxTransferOp> {
   const Config config;
   const bool rma;
 
-  std::optional<asio::posix::stream_descriptor> wake;  // a dup of the worker's event fd
-  bool wake_armed = false;
 
   /// An endpoint closed before its wire-up finished: the target's reply to
   /// it may still be on its way to our worker.
   bool replies_owed = false;
 
   ucp_context_h context = nullptr;
-  ucp_worker_h worker = nullptr;
+  /// Accepts peers: its address goes to initiators, their reads and
+  /// notifications arrive here. Our own endpoints live on `connecting`,
+  /// made on the first one (worker.hpp says why they are two).
+  ProgressedWorker accepting;
+  ProgressedWorker connecting;
   std::uint64_t local_md_map = 0;
   std::vector<std::byte> own_address;
 

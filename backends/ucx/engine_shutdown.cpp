@@ -95,20 +95,19 @@ void Backend::Engine::settle_worker(bool listen) {
     const auto until = std::min(last_event + quiet, deadline);
     if (now >= until) return;
     // Asleep, not spinning: a peer sharing this machine's cores gets them.
-    if (!wake || ucp_worker_arm(worker) == UCS_ERR_BUSY) continue;
-    pollfd ready{wake->native_handle(), POLLIN, 0};
+    const int accepting_fd = accepting.arm_for_poll();
+    if (accepting_fd < 0) continue;
+    pollfd ready[2] = {{accepting_fd, POLLIN, 0}, {connecting.arm_for_poll(), POLLIN, 0}};
+    if (connecting.is_open() && ready[1].fd < 0) continue;  // events pending there
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - now);
-    (void)::poll(&ready, 1, static_cast<int>(std::max<std::int64_t>(left.count(), 1)));
+    (void)::poll(ready, connecting.is_open() ? 2 : 1, static_cast<int>(std::max<std::int64_t>(left.count(), 1)));
   }
 }
 
 void Backend::Engine::tear_down() {
   stop_deadline_sweep();
-  if (wake) {
-    boost::system::error_code ignored;
-    wake->close(ignored);
-    wake.reset();
-  }
+  accepting.close_wake();
+  connecting.close_wake();
   // Every key goes before the worker (they come from its pools): those of
   // peers, of stranded transfers and of transfers never answered; nothing
   // progresses the worker any more, so no request uses them.
@@ -121,13 +120,13 @@ void Backend::Engine::tear_down() {
   // Destroying the worker ends every endpoint and request it still held.
   // Acknowledgements still sending end with the worker; their bytes go after.
   for (auto& ack : pending_acks) ucp_request_free(ack.request);
-  if (worker != nullptr) ucp_worker_destroy(worker);
+  connecting.destroy();
+  accepting.destroy();
   pending_acks.clear();
   if (context != nullptr) ucp_cleanup(context);
   orphans.clear();  // no callback can reach them any more
   stranded.clear();
   put_flushes.clear();
-  worker = nullptr;
   context = nullptr;
   mark_torn_down();
 }

@@ -27,8 +27,8 @@ Result<void> outcome_of(wire::NotifyStatus status) {
 
 }  // namespace
 
-Result<void> Backend::Engine::listen_for_notifications() {
-  const auto handler = [this](unsigned id, ucp_am_recv_callback_t callback) {
+Result<void> Backend::Engine::listen_for_notifications(ucp_worker_h worker) {
+  const auto handler = [this, worker](unsigned id, ucp_am_recv_callback_t callback) {
     ucp_am_handler_param_t param{};
     param.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
     param.id = id;

@@ -1,7 +1,8 @@
 // corma demo: an owner and several consumers in one process on loopback,
 // a generated data set, a budget some objects exceed (lent in RDMA
-// windows), a set of small blocks fetched as one batch, everything fetched
-// concurrently and verified byte for byte.
+// windows), a set of small blocks fetched as one batch, blocks the owner
+// pushes into the consumer's memory with a notification each, everything
+// fetched concurrently and verified byte for byte.
 #include "commands.hpp"
 #include "sizes.hpp"
 
@@ -113,6 +114,58 @@ asio::awaitable<Row> fetch_blocks(Consumer& consumer, Registry& registry, const 
   co_return row;
 }
 
+/// Blocks the owner pushes (the prefill→decode shape): the consumer offers
+/// one landing with a place for each, and takes each block's notification
+/// as the part of a program that uses the blocks would, checking the block
+/// is in place when it comes.
+constexpr std::size_t pushed_count = 16;
+
+asio::awaitable<Row> push_blocks(Consumer& consumer, Registry& registry, const std::vector<std::byte>& blocks) {
+  Row row;
+  row.name = std::to_string(pushed_count) + " x " + format_size(block_size) + " push";
+  row.size = pushed_count * block_size;
+  std::vector<std::byte> landing(row.size);
+  auto region = co_await registry.async_register(landing, Access::remote_read_write, asio::use_awaitable);
+  if (!region) {
+    row.error = region.error().message();
+    co_return row;
+  }
+  std::size_t in_place_when_notified = 0;
+  // Each block's notification is taken as a reader of the blocks would,
+  // and the block checked then.
+  auto take_notification = [&]() -> asio::awaitable<void> {
+    auto note = co_await registry.backend()->async_receive_notification(asio::use_awaitable);
+    if (!note || note.value().tag >= pushed_count) co_return;
+    const auto at = note.value().tag * block_size;
+    in_place_when_notified += std::memcmp(landing.data() + at, blocks.data() + at, block_size) == 0 ? 1 : 0;
+  };
+  auto push_all = [&](bool notify) -> asio::awaitable<Result<std::size_t>> {
+    std::size_t pushed = 0;
+    for (std::size_t i = 0; i < pushed_count; ++i) {
+      PushOptions options{i * block_size, notify ? std::optional<std::uint64_t>(i) : std::nullopt};
+      auto outcome = co_await consumer.async_push_fetch(block_name(i), region.value(), options);
+      if (!outcome) co_return std::move(outcome).error();
+      pushed += outcome.value().pushed ? 1 : 0;
+      if (notify && outcome.value().pushed) co_await take_notification();
+    }
+    co_return pushed;
+  };
+  auto start = std::chrono::steady_clock::now();
+  auto pushed = co_await push_all(true);
+  row.first_ms = milliseconds_since(start);
+  if (!pushed) {
+    row.error = pushed.error().message();
+    co_return row;
+  }
+  row.path = pushed.value() == pushed_count ? "push" : "mixed";
+  row.reason = std::to_string(in_place_when_notified) + " notified";
+  row.verified = in_place_when_notified == pushed_count && std::memcmp(landing.data(), blocks.data(), row.size) == 0;
+  start = std::chrono::steady_clock::now();
+  if (co_await push_all(false)) row.alone_mb_per_s = static_cast<double>(row.size) / milliseconds_since(start) / 1e3;
+  (void)co_await region.value().async_deregister(asio::use_awaitable);
+  co_return row;
+}
+
 }  // namespace
 
 int run_demo() {
@@ -147,12 +200,15 @@ int run_demo() {
               format_size(owner_budget).c_str(), consumers_count);
   std::printf("corma demo: trusted peers (one process): RDMA is on; objects under 64 KiB take the chunked path,\n"
               "            objects the budget cannot hold whole are lent in RDMA windows, and %zu blocks of %s\n"
-              "            come in one batch call (async_fetch_many)\n\n",
-              block_count, format_size(block_size).c_str());
+              "            come in one batch call (async_fetch_many); %zu of them the owner pushes into the\n"
+              "            consumer's memory, each with a notification (async_push_fetch)\n\n",
+              block_count, format_size(block_size).c_str(), pushed_count);
   const auto blocks = make_content(block_count * block_size, 99);
 
   asio::io_context io(1);
-  Owner owner(io.get_executor(), owner_registry);
+  OwnerConfig owner_config;
+  owner_config.accept_push = true;  // trusted: the consumers are this process
+  Owner owner(io.get_executor(), owner_registry, owner_config);
   for (const auto& object : objects) owner.publish(object.name, PublishedObject{object.bytes, nullptr});
   for (std::size_t i = 0; i < block_count; ++i) {
     owner.publish(block_name(i), PublishedObject{std::span(blocks).subspan(i * block_size, block_size), nullptr});
@@ -164,7 +220,7 @@ int run_demo() {
   // The largest object, which the budget cannot hold, and the batch of
   // blocks come last, once the others are done: then the whole budget is
   // there to share (cached exports nobody reads are given up for windows).
-  std::vector<Row> rows(objects.size() + 1);  // the last: the batch of blocks
+  std::vector<Row> rows(objects.size() + 2);  // the last two: the batch of blocks, the pushed blocks
   const std::size_t concurrent = objects.size() - 1;
   auto fetch_row = [&](Consumer& consumer, std::size_t i) -> asio::awaitable<void> {
     Row& row = rows[i];
@@ -201,11 +257,12 @@ int run_demo() {
     auto consumer = co_await Consumer::connect(io.get_executor(), endpoint, consumer_registry);
     if (consumer) {
       co_await fetch_row(*consumer.value(), concurrent);
-      rows.back() = co_await fetch_blocks(*consumer.value(), *consumer_registry, blocks);
+      rows[rows.size() - 2] = co_await fetch_blocks(*consumer.value(), *consumer_registry, blocks);
+      rows.back() = co_await push_blocks(*consumer.value(), *consumer_registry, blocks);
       fetched_all = std::chrono::steady_clock::now();
       co_await time_alone(*consumer.value());
     } else {
-      rows[concurrent].error = rows.back().error = consumer.error().message();
+      rows[concurrent].error = rows[rows.size() - 2].error = rows.back().error = consumer.error().message();
     }
     owner.stop();
     acceptor.close();
@@ -230,7 +287,7 @@ int run_demo() {
   std::printf("%-24s %10s %8s %-18s %10s %10s %s\n", "object", "size", "path", "reason", "first ms", "alone MB/s",
               "verified");
   std::uint64_t total = 0;
-  int verified = 0, rdma = 0, chunked = 0, windowed = 0;
+  int verified = 0, rdma = 0, chunked = 0, windowed = 0, pushed = 0;
   for (const auto& row : rows) {
     if (!row.error.empty()) {
       std::printf("%-24s %10s  FAILED: %s\n", row.name.c_str(), format_size(row.size).c_str(), row.error.c_str());
@@ -242,21 +299,26 @@ int run_demo() {
     total += row.size;
     verified += row.verified ? 1 : 0;
     (row.path == "chunked" ? chunked : rdma) += 1;
+    pushed += row.path == "push" ? 1 : 0;
     windowed += row.windows > 0 ? 1 : 0;
   }
   const auto stats = owner.stats();
   std::printf("\nfirst ms: the first fetch of each object, cold (both sides register) and %d consumers at once;\n"
               "alone MB/s: a later fetch of it on its own, warm, into memory the consumer keeps registered\n",
               consumers_count);
-  std::printf("\ntotal (first fetches): %s in %.2f s (%.1f MB/s), %d/%zu verified, %d over rdma (%d in windows), %d chunked; "
-              "owner: %llu windows lent, %llu leases expired, %llu live, registered now %s\n",
+  std::printf("\ntotal (first fetches): %s in %.2f s (%.1f MB/s), %d/%zu verified, %d over rdma (%d in windows, %d "
+              "pushed), %d chunked; owner: %llu windows lent, %llu objects pushed, %llu leases expired, %llu live, "
+              "registered now %s\n",
               format_size(total).c_str(), seconds, static_cast<double>(total) / seconds / 1e6, verified,
-              rows.size(), rdma, windowed, chunked, static_cast<unsigned long long>(stats.windows),
+              rows.size(), rdma, windowed, pushed, chunked, static_cast<unsigned long long>(stats.windows),
+              static_cast<unsigned long long>(stats.pushes),
               static_cast<unsigned long long>(stats.leases_expired),
               static_cast<unsigned long long>(stats.live_leases),
               format_size(owner_registry->stats().registered_bytes).c_str());
-  const bool ok = verified == static_cast<int>(rows.size()) && rdma > 0 && chunked > 0 && windowed > 0;
-  if (!ok) std::printf("corma demo: FAILED (every object must verify, and both paths and windows must be used)\n");
+  const bool ok = verified == static_cast<int>(rows.size()) && rdma > 0 && chunked > 0 && windowed > 0 && pushed > 0;
+  if (!ok) {
+    std::printf("corma demo: FAILED (every object must verify, and both paths, windows and push must be used)\n");
+  }
   return ok ? 0 : 1;
 }
 

@@ -139,8 +139,12 @@ asio::awaitable<Message> Owner::State::push(std::uint64_t session, Push request)
   }
   // A notification arrives after the put's bytes are visible; without one,
   // a flush says the same before the answer goes.
-  auto landed = request.notify ? co_await backend->async_notify(peer, request.tag, asio::use_awaitable)
-                               : co_await backend->async_flush(peer, asio::use_awaitable);
+  Result<void> landed = success();
+  if (request.notify) {
+    landed = co_await backend->async_notify(peer, request.tag, asio::use_awaitable);
+  } else {
+    landed = co_await backend->async_flush(peer, asio::use_awaitable);
+  }
   if (!landed) co_return error_reply(landed.error());
   if (published_here && publication_of(request.name) != publication) {
     co_return refusal(errc::object_changed, "the object was published again while it was pushed");

@@ -5,6 +5,7 @@
 #include "support/raw_client.hpp"
 #include "support/run.hpp"
 #include "ucx/hostile_offers.hpp"
+#include "ucx/owner_over_ucx.hpp"
 #include "ucx/settings.hpp"
 
 #include <corma/consumer.hpp>
@@ -32,30 +33,10 @@ using corma::testing::RawClient;
 
 using corma::testing::UcxSetting;
 
-std::shared_ptr<corma::Registry> registry_over(const ucx::Config& config) {
-  return std::make_shared<corma::Registry>(corma::testing::make_ucx(config), corma::RegistryConfig{1 << 30, 0});
-}
+using corma::testing::registry_over;
 
-class OwnerOverUcx : public ::testing::TestWithParam<UcxSetting> {
+class OwnerOverUcx : public corma::testing::OwnerOverUcxTest {
  protected:
-  asio::io_context io;
-  std::shared_ptr<corma::Registry> owner_registry = registry_over(GetParam().config);
-  corma::Owner owner{io.get_executor(), owner_registry};
-  asio::ip::tcp::acceptor acceptor{io, {asio::ip::make_address("127.0.0.1"), 0}};
-  std::vector<std::byte> big = std::vector<std::byte>(1 << 20);
-
-  void SetUp() override {
-    for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<std::byte>(i * 7 + 5);
-    owner.publish("big", corma::PublishedObject{big, nullptr});
-    asio::co_spawn(io, owner.serve(acceptor), asio::detached);
-  }
-  void TearDown() override {
-    owner.stop();
-    acceptor.close();
-    io.restart();
-    io.run_for(std::chrono::seconds(2));
-  }
-
   /// A consumer over a backend like the owner's fetches "big".
   asio::awaitable<corma::Result<corma::Fetched>> fetch_big(std::shared_ptr<corma::Registry> registry) {
     auto consumer = co_await corma::Consumer::connect(io.get_executor(), acceptor.local_endpoint(), registry);
