@@ -6,6 +6,7 @@
 #include "corma_pair.hpp"
 #include "fetch_many.hpp"
 #include "parallel_fetch.hpp"
+#include "push_fetch.hpp"
 #include "one_sided.hpp"
 #include "registration_reuse.hpp"
 #include "file_fetch.hpp"
@@ -529,6 +530,7 @@ std::vector<Measurement> run_scenarios(const Options& options) {
   if (selected(options, "parallel_fetch")) {
     for (const auto& transport : options.transports) keep(parallel_fetch(options, transport));
   }
+  if (selected(options, "push_fetch")) keep(push_fetch(options, "tcp"));
   if (selected(options, "file_fetch")) {
     keep(file_fetch_chunked(options));
     keep(file_fetch_windows(options));
