@@ -98,6 +98,15 @@ using PutRequest = TransferRequest;
 /// answered at once. Elements may name different peers and regions.
 using TransferBatch = std::vector<TransferRequest>;
 
+/// A notification that ends a batch of puts (RdmaBackend::async_put_batch):
+/// "these blocks have landed". It goes to `peer` once every put of the batch
+/// has been issued, so it arrives after every one of them to `peer` is
+/// visible there, as async_notify after them would.
+struct BatchNotification {
+  PeerId peer{};
+  std::uint64_t tag = 0;
+};
+
 /// Batches longer than this are refused whole (`out_of_range`) without any
 /// element being looked at.
 inline constexpr std::size_t max_batch_size = 16384;
@@ -257,8 +266,23 @@ class RdmaBackend {
   template <asio::completion_token_for<void(Result<BatchOutcome>)> Token>
   auto async_put_batch(TransferBatch batch, Token&& token) {
     return asio::async_initiate<Token, void(Result<BatchOutcome>)>(
-        [this](auto handler, TransferBatch b) { do_put_batch(std::move(b), std::move(handler)); }, token,
-        std::move(batch));
+        [this](auto handler, TransferBatch b) { do_put_batch(std::move(b), std::nullopt, std::move(handler)); },
+        token, std::move(batch));
+  }
+
+  /// The same puts, ended by `notification` (BatchNotification): one more
+  /// element, at index batch.size() of the outcome, answered as async_notify
+  /// would be. When a put of the batch to the notification's peer fails
+  /// before it is issued, the notification is not sent: its element fails
+  /// with that put's error. (A put that fails once issued fails the
+  /// connection, and the notification behind it with it.)
+  template <asio::completion_token_for<void(Result<BatchOutcome>)> Token>
+  auto async_put_batch(TransferBatch batch, BatchNotification notification, Token&& token) {
+    return asio::async_initiate<Token, void(Result<BatchOutcome>)>(
+        [this](auto handler, TransferBatch b, BatchNotification n) {
+          do_put_batch(std::move(b), n, std::move(handler));
+        },
+        token, std::move(batch), notification);
   }
 
   /// A 64-bit atomic on a peer's word (AtomicRequest), answered with the
@@ -380,7 +404,8 @@ class RdmaBackend {
   virtual void do_get(GetRequest request, Handler<void> h) = 0;
   virtual void do_put(PutRequest request, Handler<void> h) = 0;
   virtual void do_get_batch(TransferBatch batch, Handler<BatchOutcome> h) = 0;
-  virtual void do_put_batch(TransferBatch batch, Handler<BatchOutcome> h) = 0;
+  virtual void do_put_batch(TransferBatch batch, std::optional<BatchNotification> notification,
+                            Handler<BatchOutcome> h) = 0;
   virtual void do_atomic(AtomicRequest request, Handler<std::uint64_t> h) = 0;
   virtual void do_flush(PeerId peer, Handler<void> h) = 0;
   virtual void do_notify(PeerId peer, std::uint64_t tag, Handler<void> h) = 0;

@@ -29,10 +29,11 @@ void EngineBackend::do_put(PutRequest request, Handler<void> h) {
   core_->initiate_transfer(true, std::move(request), std::move(h));
 }
 void EngineBackend::do_get_batch(TransferBatch batch, Handler<BatchOutcome> h) {
-  core_->initiate_batch(false, std::move(batch), std::move(h));
+  core_->initiate_batch(false, std::move(batch), std::nullopt, std::move(h));
 }
-void EngineBackend::do_put_batch(TransferBatch batch, Handler<BatchOutcome> h) {
-  core_->initiate_batch(true, std::move(batch), std::move(h));
+void EngineBackend::do_put_batch(TransferBatch batch, std::optional<BatchNotification> notification,
+                                 Handler<BatchOutcome> h) {
+  core_->initiate_batch(true, std::move(batch), notification, std::move(h));
 }
 void EngineBackend::do_atomic(AtomicRequest request, Handler<std::uint64_t> h) {
   core_->initiate_atomic(std::move(request), std::move(h));

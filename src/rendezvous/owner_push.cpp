@@ -7,7 +7,9 @@
 #include "owner_state.hpp"
 
 #include <boost/asio/co_spawn.hpp>
+#include <boost/asio/deferred.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/experimental/parallel_group.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
 namespace corma {
@@ -128,24 +130,41 @@ asio::awaitable<Message> Owner::State::push(std::uint64_t session, Push request)
   const bool published_here = published.contains(request.name);
   const auto publication = publication_of(request.name);
   auto backend = registry->backend();
+  std::shared_ptr<Export> source;
   if (size > 0) {
     // The object's export serves as the put's source: kept registered
     // between pushes like a lease's, and charged to the budget the same way.
     auto exported = co_await export_object(request.name, object.value(), published_here);
     if (!exported) co_return error_reply(exported.error());
-    auto written = co_await exported.value()->guard.async_put(peer, landing.value(), TransferRange{0, 0, size},
-                                                              asio::use_awaitable);
-    if (!written) co_return error_reply(written.error());
+    source = std::move(exported).value();
   }
-  // A notification arrives after the put's bytes are visible; without one,
-  // a flush says the same before the answer goes.
-  Result<void> landed = success();
-  if (request.notify) {
-    landed = co_await backend->async_notify(peer, request.tag, asio::use_awaitable);
+  // The put, then a notification (it arrives after the put's bytes are
+  // visible) or a flush (it completes once they are), issued together: both
+  // are submitted, in that order, before either is waited for.
+  auto put = [&](auto token) {
+    return source->guard.async_put(peer, landing.value(), TransferRange{0, 0, size}, std::move(token));
+  };
+  auto landed = [&](auto token) {
+    return asio::async_initiate<decltype(token), void(Result<void>)>(
+        [&](auto handler) {
+          if (request.notify) return backend->async_notify(peer, request.tag, std::move(handler));
+          backend->async_flush(peer, std::move(handler));
+        },
+        token);
+  };
+  Result<void> written = success();
+  Result<void> done = success();
+  if (source) {
+    auto [order, put_result, landed_result] =
+        co_await asio::experimental::make_parallel_group(put(asio::deferred), landed(asio::deferred))
+            .async_wait(asio::experimental::wait_for_all(), asio::use_awaitable);
+    written = std::move(put_result);
+    done = std::move(landed_result);
   } else {
-    landed = co_await backend->async_flush(peer, asio::use_awaitable);
+    done = co_await landed(asio::use_awaitable);
   }
-  if (!landed) co_return error_reply(landed.error());
+  if (!written) co_return error_reply(written.error());
+  if (!done) co_return error_reply(done.error());
   if (published_here && publication_of(request.name) != publication) {
     co_return refusal(errc::object_changed, "the object was published again while it was pushed");
   }

@@ -1,7 +1,8 @@
 // The backend contract for notifications: a notification arrives after the
-// puts issued before it, a full queue is an error the sender sees, peers
-// the target does not accept are refused and counted, and receivers are
-// answered once through cancellation and shutdown.
+// puts issued before it (alone, or ending a batch of puts), a full queue is
+// an error the sender sees, peers the target does not accept are refused
+// and counted, and receivers are answered once through cancellation and
+// shutdown.
 #include "contract/backend_contract.hpp"
 #include "contract/contract_helpers.hpp"
 
@@ -107,6 +108,98 @@ TEST_P(BackendContract, ANotificationsReceiverAlwaysFindsThePutsBeforeItInPlace)
     EXPECT_TRUE(r.has_value() && *r) << "a put: " << describe(r);
   }
   EXPECT_EQ(target.refused_notifications(), 0u);
+}
+
+TEST_P(BackendContract, ABatchOfPutsEndingInANotificationLandsBeforeIt) {
+  constexpr int rounds = 12;
+  constexpr std::size_t puts_per_batch = 64;
+  constexpr std::size_t piece = 4 * KiB;
+  constexpr std::size_t slot = puts_per_batch * piece;
+  Connected c;
+  ASSERT_NO_FATAL_FAILURE(connect_both(GetParam(), c));
+  if (IsSkipped()) return;
+  auto& initiator = *c.pair.initiator.backend;
+  auto& target = *c.pair.target.backend;
+  auto remote_buffer = OwnedBuffer::allocate(slot * rounds);
+  auto local_buffer = OwnedBuffer::allocate(slot * rounds);
+  std::fill(remote_buffer.data(), remote_buffer.data() + remote_buffer.size(), std::byte{0});
+  fill(local_buffer.data(), local_buffer.size(), 77);
+  auto remote = map(target, remote_buffer.data(), remote_buffer.size(), Access::remote_read_write);
+  ASSERT_TRUE(remote) << describe(remote);
+  auto local = map(initiator, local_buffer.data(), local_buffer.size(), Access::local);
+  ASSERT_TRUE(local) << describe(local);
+
+  // Every round's batch of 64 puts (random lengths within their pieces) and
+  // its notification, submitted without waiting for any of them.
+  std::mt19937 random(23);
+  std::vector<std::vector<std::size_t>> lengths(rounds);
+  std::vector<Answer<BatchOutcome>> batches(rounds);
+  {
+    Initiating scope;
+    for (int r = 0; r < rounds; ++r) {
+      TransferBatch batch;
+      for (std::size_t i = 0; i < puts_per_batch; ++i) {
+        const std::size_t offset = static_cast<std::size_t>(r) * slot + i * piece;
+        lengths[r].push_back(1 + random() % piece);
+        batch.push_back(PutRequest{c.pair.peer, local.value().id, offset, address(remote_buffer.data()) + offset,
+                                   lengths[r].back(), remote.value().packed_key});
+      }
+      initiator.async_put_batch(std::move(batch), BatchNotification{c.pair.peer, static_cast<std::uint64_t>(r)},
+                                batches[r].handler());
+    }
+  }
+  for (int r = 0; r < rounds; ++r) {
+    auto got = receive(target);
+    ASSERT_TRUE(got) << describe(got);
+    const auto tag = got.value().tag;
+    ASSERT_LT(tag, std::uint64_t{rounds});
+    for (std::size_t i = 0; i < puts_per_batch; ++i) {
+      const std::size_t offset = static_cast<std::size_t>(tag) * slot + i * piece;
+      ASSERT_TRUE(same_bytes(remote_buffer.data() + offset, local_buffer.data() + offset, lengths[tag][i]))
+          << "batch " << tag << "'s notification arrived before its put " << i;
+    }
+  }
+  for (auto& b : batches) {
+    auto outcome = b.wait();
+    ASSERT_TRUE(outcome.has_value() && *outcome) << describe(outcome);
+    EXPECT_EQ(outcome->value().size, puts_per_batch + 1) << "the notification is the batch's last element";
+    EXPECT_TRUE(outcome->value().all_succeeded());
+  }
+}
+
+TEST_P(BackendContract, ABatchWhosePutToThePeerIsRefusedSendsNoNotification) {
+  Connected c;
+  ASSERT_NO_FATAL_FAILURE(connect_both(GetParam(), c));
+  if (IsSkipped()) return;
+  auto& initiator = *c.pair.initiator.backend;
+  auto& target = *c.pair.target.backend;
+  auto remote_buffer = OwnedBuffer::allocate(64 * KiB);
+  auto local_buffer = OwnedBuffer::allocate(64 * KiB);
+  auto remote = map(target, remote_buffer.data(), remote_buffer.size(), Access::remote_read_write);
+  ASSERT_TRUE(remote) << describe(remote);
+  auto local = map(initiator, local_buffer.data(), local_buffer.size(), Access::local);
+  ASSERT_TRUE(local) << describe(local);
+  const auto base = address(remote_buffer.data());
+  TransferBatch batch{
+      PutRequest{c.pair.peer, local.value().id, 0, base, 4 * KiB, remote.value().packed_key},
+      // Past the end of the target's region: refused before it is issued.
+      PutRequest{c.pair.peer, local.value().id, 0, base + 60 * KiB, 8 * KiB, remote.value().packed_key},
+      PutRequest{c.pair.peer, local.value().id, 8 * KiB, base + 8 * KiB, 4 * KiB, remote.value().packed_key},
+  };
+  auto outcome = call<BatchOutcome>([&](auto h) {
+    initiator.async_put_batch(std::move(batch), BatchNotification{c.pair.peer, 1}, std::move(h));
+  });
+  ASSERT_TRUE(outcome) << describe(outcome);
+  EXPECT_EQ(outcome.value().size, 4u);
+  ASSERT_EQ(outcome.value().failures.size(), 2u);
+  EXPECT_EQ(outcome.value().failures[0].index, 1u);
+  EXPECT_EQ(outcome.value().failures[1].index, 3u) << "the notification fails with the refused put";
+  EXPECT_EQ(outcome.value().failures[1].error.code, outcome.value().failures[0].error.code);
+  // The next notification is the first the target receives: the batch's never left.
+  ASSERT_TRUE(notify(initiator, c.pair.peer, 2));
+  auto got = receive(target);
+  ASSERT_TRUE(got) << describe(got);
+  EXPECT_EQ(got.value().tag, 2u);
 }
 
 TEST_P(BackendContract, AFullNotificationQueueIsAnErrorTheSenderSees) {

@@ -484,21 +484,30 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
     return success();  // idempotent
   }
 
+  /// Answers a transfer that has not run with `error`; it never runs.
+  void refuse_transfer(std::uint64_t op_id, Error error) {
+    std::unique_lock lock(mutex);
+    refuse_transfer(lock, op_id, std::move(error));
+  }
+  void refuse_transfer(std::unique_lock<std::mutex>& lock, std::uint64_t op_id, Error error) {
+    auto it = transfers.find(op_id);
+    if (it == transfers.end()) return;  // drained at shutdown: answered there
+    auto op = it->second;
+    transfers.erase(it);
+    changed.notify_all();
+    const bool drained = last_to_drain();
+    auto answer = op->take_answer();
+    lock.unlock();
+    answer.deliver(std::move(error));
+    if (drained) finish_shutdown();
+  }
+
   void run_transfer(std::uint64_t op_id) {
     std::unique_lock lock(mutex);
     auto op = transfers.at(op_id);
     Result<void> admitted = op->cancel_requested.load() ? Result<void>(fail(errc::cancelled, "cancelled before it ran"))
                                                         : admit_transfer(*op);
-    if (!admitted) {
-      transfers.erase(op_id);
-      changed.notify_all();
-      const bool drained = last_to_drain();
-      auto answer = op->take_answer();
-      lock.unlock();
-      answer.deliver(std::move(admitted).error());
-      if (drained) finish_shutdown();
-      return;
-    }
+    if (!admitted) return refuse_transfer(lock, op_id, std::move(admitted).error());
     op->admitted = true;
     changed.notify_all();
     if (op->kind == Kind::flush || op->kind == Kind::notify) {
@@ -969,38 +978,65 @@ void TestBackend::do_flush(PeerId peer, Handler<void> h) {
 
 
 void TestBackend::do_get_batch(TransferBatch batch, Handler<BatchOutcome> h) {
-  transfer_batch(false, std::move(batch), std::move(h));
+  transfer_batch(false, std::move(batch), std::nullopt, std::move(h));
 }
-void TestBackend::do_put_batch(TransferBatch batch, Handler<BatchOutcome> h) {
-  transfer_batch(true, std::move(batch), std::move(h));
+void TestBackend::do_put_batch(TransferBatch batch, std::optional<BatchNotification> notification,
+                               Handler<BatchOutcome> h) {
+  transfer_batch(true, std::move(batch), notification, std::move(h));
 }
 
 // Each element is a transfer of its own (admitted, held, delayed, cancelled
 // and drained like one), answering the batch's tally; one command runs them.
-void TestBackend::transfer_batch(bool is_put, TransferBatch batch, Handler<BatchOutcome> h) {
-  auto tally = std::make_shared<BatchTally>(BatchTally::BatchCompletion(std::move(h)), batch.size());
-  if (auto fits = validate_batch_size(batch.size()); !fits) return tally->refuse(progress_executor(), std::move(fits).error());
-  if (batch.empty()) return tally->answer_empty(progress_executor());
+void TestBackend::transfer_batch(bool is_put, TransferBatch batch, std::optional<BatchNotification> notification,
+                                 Handler<BatchOutcome> h) {
+  const std::size_t transfers = batch.size();
+  auto tally = std::make_shared<BatchTally>(BatchTally::BatchCompletion(std::move(h)),
+                                            transfers + (notification ? 1 : 0));
+  if (auto fits = validate_batch_size(transfers); !fits) return tally->refuse(progress_executor(), std::move(fits).error());
+  if (batch.empty() && !notification) return tally->answer_empty(progress_executor());
   std::vector<std::uint64_t> ids;
-  ids.reserve(batch.size());
+  ids.reserve(transfers + 1);
   {
     std::lock_guard lock(state_->mutex);
     if (state_->shut_down) return tally->refuse(progress_executor(), Error{errc::shutting_down, "backend shut down"});
-    for (std::size_t i = 0; i < batch.size(); ++i) {
-      auto op = std::make_shared<State::TransferOp>();
+    const auto add = [&](std::shared_ptr<State::TransferOp> op) {
       op->answer.batch = tally;
-      op->answer.batch_index = i;
-      op->kind = is_put ? State::Kind::put : State::Kind::get;
-      op->request = std::move(batch[i]);
+      op->answer.batch_index = ids.size();
       ids.push_back(state_->next_id++);
       state_->transfers.emplace(ids.back(), std::move(op));
+    };
+    for (auto& request : batch) {
+      auto op = std::make_shared<State::TransferOp>();
+      op->kind = is_put ? State::Kind::put : State::Kind::get;
+      op->request = std::move(request);
+      add(std::move(op));
+    }
+    if (notification) {
+      auto op = std::make_shared<State::TransferOp>();
+      op->kind = State::Kind::notify;
+      op->request.peer = notification->peer;
+      op->tag = notification->tag;
+      add(std::move(op));
     }
   }
   state_->on_cancel(tally->completion(), detail::terminal_only, [ids](State& s) {
     for (auto id : ids) s.cancel_transfer(id);
   });
-  asio::post(state_->io, [state = state_, ids] {
-    for (auto id : ids) state->run_transfer(id);
+  // The notification runs after every put, unless a put to its peer was
+  // refused before it ran: then it fails with that put's error, unsent.
+  std::vector<PeerId> put_peers;
+  if (notification) {
+    for (std::size_t i = 0; i < transfers; ++i) put_peers.push_back(state_->transfers.at(ids[i])->request.peer);
+  }
+  asio::post(state_->io, [state = state_, ids, tally, put_peers = std::move(put_peers), notification] {
+    for (std::size_t i = 0; i < put_peers.size() || (!notification && i < ids.size()); ++i) state->run_transfer(ids[i]);
+    if (!notification) return;
+    for (std::size_t i = 0; i < put_peers.size(); ++i) {
+      if (put_peers[i] != notification->peer || !tally->error_of(i)) continue;
+      auto refused = *tally->error_of(i);
+      return state->refuse_transfer(ids.back(), Error{refused.code, "notification not sent: " + refused.detail});
+    }
+    state->run_transfer(ids.back());
   });
 }
 

@@ -83,7 +83,8 @@ class TestBackend final : public RdmaBackend {
   void do_get(GetRequest request, Handler<void> h) override;
   void do_put(PutRequest request, Handler<void> h) override;
   void do_get_batch(TransferBatch batch, Handler<BatchOutcome> h) override;
-  void do_put_batch(TransferBatch batch, Handler<BatchOutcome> h) override;
+  void do_put_batch(TransferBatch batch, std::optional<BatchNotification> notification,
+                    Handler<BatchOutcome> h) override;
   void do_atomic(AtomicRequest request, Handler<std::uint64_t> h) override;
   void do_flush(PeerId peer, Handler<void> h) override;
   void do_notify(PeerId peer, std::uint64_t tag, Handler<void> h) override;
@@ -99,7 +100,8 @@ class TestBackend final : public RdmaBackend {
  private:
   TestBackend();
   void transfer(bool is_put, TransferRequest request, Handler<void> h);
-  void transfer_batch(bool is_put, TransferBatch batch, Handler<BatchOutcome> h);
+  void transfer_batch(bool is_put, TransferBatch batch, std::optional<BatchNotification> notification,
+                      Handler<BatchOutcome> h);
 
   std::shared_ptr<State> state_;
   std::thread thread_;

@@ -33,6 +33,10 @@ class BatchTally {
     if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1) completion_.dispatch(outcome());
   }
 
+  /// How element `index` failed, if it has: read only on the thread the
+  /// elements report on (a backend's progress thread), after the report.
+  [[nodiscard]] const std::optional<Error>& error_of(std::size_t index) const noexcept { return errors_[index]; }
+
   /// The batch never ran (refused whole): answers `error`, never inline
   /// (through `via` where the handler has no executor: Completion::post).
   void refuse(const asio::any_io_executor& via, Error error) { completion_.post(via, std::move(error)); }

@@ -42,7 +42,8 @@ class EngineBackend : public RdmaBackend {
   void do_get(GetRequest request, Handler<void> h) final;
   void do_put(PutRequest request, Handler<void> h) final;
   void do_get_batch(TransferBatch batch, Handler<BatchOutcome> h) final;
-  void do_put_batch(TransferBatch batch, Handler<BatchOutcome> h) final;
+  void do_put_batch(TransferBatch batch, std::optional<BatchNotification> notification,
+                    Handler<BatchOutcome> h) final;
   void do_atomic(AtomicRequest request, Handler<std::uint64_t> h) final;
   void do_flush(PeerId peer, Handler<void> h) final;
   void do_notify(PeerId peer, std::uint64_t tag, Handler<void> h) final;

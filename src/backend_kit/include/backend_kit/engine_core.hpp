@@ -85,7 +85,8 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   /// A get or put; a batch of them (TransferEngine implements both over the
   /// provider's own transfer op).
   virtual void initiate_transfer(bool is_put, TransferRequest request, RdmaBackend::Handler<void> h) = 0;
-  virtual void initiate_batch(bool is_put, TransferBatch batch, RdmaBackend::Handler<BatchOutcome> h) = 0;
+  virtual void initiate_batch(bool is_put, TransferBatch batch, std::optional<BatchNotification> notification,
+                              RdmaBackend::Handler<BatchOutcome> h) = 0;
   virtual void initiate_atomic(AtomicRequest request, RdmaBackend::Handler<std::uint64_t> h) = 0;
   virtual void initiate_flush(PeerId peer, RdmaBackend::Handler<void> h) = 0;
   virtual void initiate_notify(PeerId peer, std::uint64_t tag, RdmaBackend::Handler<void> h) = 0;

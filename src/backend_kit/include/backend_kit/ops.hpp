@@ -46,7 +46,7 @@ struct VoidOp {
 /// peer and answered at shutdown like gets and puts.
 enum class TransferKind : std::uint8_t { get, put, atomic, flush, notify };
 
-/// "get", "put", "atomic" or "flush", for messages.
+/// "get", "put", "atomic", "flush" or "notify", for messages.
 [[nodiscard]] constexpr const char* kind_name(TransferKind kind) noexcept {
   switch (kind) {
     case TransferKind::get: return "get";

@@ -71,24 +71,38 @@ class TransferEngine : public EngineCore {
            [this, op](Error e) { op->completion.post(progress_executor(), std::move(e)); });
   }
 
-  void initiate_batch(bool is_put, TransferBatch batch, RdmaBackend::Handler<BatchOutcome> h) final {
+  void initiate_batch(bool is_put, TransferBatch batch, std::optional<BatchNotification> notification,
+                      RdmaBackend::Handler<BatchOutcome> h) final {
+    const std::size_t transfers = batch.size();
     auto op = std::allocate_shared<BatchOp<Op>>(asio::recycling_allocator<BatchOp<Op>>(),
-                                                detail::BatchTally::BatchCompletion(std::move(h)), batch.size());
-    if (auto fits = validate_batch_size(batch.size()); !fits) {
+                                                detail::BatchTally::BatchCompletion(std::move(h)),
+                                                transfers + (notification ? 1 : 0));
+    if (auto fits = validate_batch_size(transfers); !fits) {
       return op->tally.refuse(progress_executor(), std::move(fits).error());
     }
-    if (batch.empty()) return op->tally.answer_empty(progress_executor());
+    if (batch.empty() && !notification) return op->tally.answer_empty(progress_executor());
+    const std::shared_ptr<detail::BatchTally> tally(op, &op->tally);
     std::vector<std::shared_ptr<Op>> elements;
-    elements.reserve(batch.size());
-    op->elements.reserve(batch.size());
-    for (std::size_t i = 0; i < batch.size(); ++i) {
-      auto element = make_op();
-      element->kind = is_put ? TransferKind::put : TransferKind::get;
-      element->request = std::move(batch[i]);
-      element->batch = std::shared_ptr<detail::BatchTally>(op, &op->tally);
-      element->batch_index = i;
+    elements.reserve(transfers + 1);
+    op->elements.reserve(transfers + 1);
+    const auto add = [&](std::shared_ptr<Op> element) {
+      element->batch = tally;
+      element->batch_index = elements.size();
       op->elements.push_back(element);
       elements.push_back(std::move(element));
+    };
+    for (auto& request : batch) {
+      auto element = make_op();
+      element->kind = is_put ? TransferKind::put : TransferKind::get;
+      element->request = std::move(request);
+      add(std::move(element));
+    }
+    if (notification) {
+      auto element = make_op();
+      element->kind = TransferKind::notify;
+      element->request.peer = notification->peer;
+      element->tag = notification->tag;
+      add(std::move(element));
     }
     // Like a single transfer's: the elements' bytes may still land.
     watch_cancellation(op, detail::terminal_only, [this](const std::shared_ptr<BatchOp<Op>>& o) {
@@ -161,13 +175,34 @@ class TransferEngine : public EngineCore {
   static std::shared_ptr<Op> make_op() { return std::allocate_shared<Op>(asio::recycling_allocator<Op>()); }
 
   /// Runs each element as a single transfer (a cancelled batch's elements
-  /// answer `cancelled` before they run).
+  /// answer `cancelled` before they run). A trailing notification runs
+  /// after every put, unless a put to its peer was refused before it was
+  /// issued: then it fails with that put's error, unsent.
   void run_batch(const BatchOp<Op>& op, const std::vector<std::shared_ptr<Op>>& elements) {
     const bool cancelled = op.cancelled.load(std::memory_order_acquire);
     for (const auto& element : elements) {
       if (cancelled) element->cancelled.store(true, std::memory_order_release);
-      run_transfer(element);
+      if (element->kind != TransferKind::notify) {
+        run_transfer(element);
+        continue;
+      }
+      if (auto refused = refused_put_to(op.tally, elements, element->request.peer)) {
+        answer(*element, Error{refused->code, "notification not sent: " + refused->detail});
+        continue;
+      }
+      run_notify(element);
     }
+  }
+
+  /// The first put of a batch to `peer` already answered with an error:
+  /// refused before it was issued (this runs on the thread elements report on).
+  static std::optional<Error> refused_put_to(const detail::BatchTally& tally,
+                                             const std::vector<std::shared_ptr<Op>>& elements, PeerId peer) {
+    for (const auto& element : elements) {
+      if (element->kind != TransferKind::put || element->request.peer != peer || !element->answered) continue;
+      if (const auto& error = tally.error_of(element->batch_index)) return *error;
+    }
+    return std::nullopt;
   }
 
   [[nodiscard]] bool transfers_idle() const final { return transfers_.empty(); }
