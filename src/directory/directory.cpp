@@ -1,0 +1,250 @@
+// The Directory's two sides: an owner's announcement under a lease it keeps
+// alive (re-announced when etcd lost the lease), and a consumer's
+// resolutions from a cache refreshed from etcd, answered from older entries
+// while etcd cannot be reached.
+#include <corma/directory.hpp>
+
+#include "etcd_client.hpp"
+#include "records.hpp"
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+
+namespace corma {
+
+namespace asio = boost::asio;
+using directory::EtcdClient;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+std::string host_name() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) != 0) return "localhost";
+  return name;
+}
+
+/// The rule: same machine first (shared memory), then least loaded, then a
+/// hash of the name and owner id (stable, and spreading equal owners' names).
+void order_owners(std::vector<OwnerEntry>& owners, const std::string& name, const std::string& machine) {
+  const auto rank = [&](const OwnerEntry& owner) {
+    return std::make_tuple(owner.machine == machine ? 0 : 1, owner.load, std::hash<std::string>{}(name + '\0' + owner.id));
+  };
+  std::sort(owners.begin(), owners.end(), [&](const auto& a, const auto& b) { return rank(a) < rank(b); });
+}
+
+}  // namespace
+
+Result<DirectoryConfig> parse_directory_address(std::string_view address) {
+  if (address.starts_with("http://")) address.remove_prefix(7);
+  while (address.ends_with('/')) address.remove_suffix(1);
+  const auto colon = address.rfind(':');
+  if (colon == std::string_view::npos || colon == 0) {
+    return fail(errc::out_of_range, "a directory address is HOST:PORT, HOST an IP address");
+  }
+  DirectoryConfig config;
+  config.host = std::string(address.substr(0, colon));
+  const auto port = address.substr(colon + 1);
+  unsigned value = 0;
+  for (char c : port) {
+    if (c < '0' || c > '9' || value > 65535) return fail(errc::out_of_range, "a directory port is 1 to 65535");
+    value = value * 10 + static_cast<unsigned>(c - '0');
+  }
+  if (port.empty() || value == 0 || value > 65535) return fail(errc::out_of_range, "a directory port is 1 to 65535");
+  config.port = static_cast<std::uint16_t>(value);
+  return config;
+}
+
+struct Directory::State : std::enable_shared_from_this<State> {
+  State(asio::any_io_executor ex, DirectoryConfig c)
+      : executor(ex),
+        config(std::move(c)),
+        client(ex, config.host, config.port, config.request_timeout),
+        renewal(ex) {
+    if (config.machine.empty()) config.machine = host_name();
+  }
+
+  asio::any_io_executor executor;
+  DirectoryConfig config;
+  EtcdClient client;
+  DirectoryStats stats;
+
+  // ---- the owner's side ----
+  std::optional<Announcement> announcement;
+  std::int64_t lease = 0;
+  asio::steady_timer renewal;
+  bool renewing = false;
+
+  /// Grants a lease and writes everything announced under it.
+  asio::awaitable<Result<void>> write_announcement() {
+    const auto& a = *announcement;
+    CORMA_CO_TRY(auto granted, co_await client.grant_lease(a.ttl));
+    lease = granted;
+    ++stats.leases_granted;
+    std::vector<directory::KeyValue> kvs;
+    kvs.push_back({directory::owner_key(config, a.owner.id), directory::encode_owner(a.owner), 0});
+    for (const auto& name : a.names) kvs.push_back({directory::name_key(config, name, a.owner.id), {}, 0});
+    for (const auto& prefix : a.prefixes) kvs.push_back({directory::prefix_key(config, prefix, a.owner.id), {}, 0});
+    CORMA_CO_TRY(co_await client.put_all(kvs, lease));
+    stats.announced = true;
+    co_return success();
+  }
+
+  /// Renews the lease every third of its ttl until withdrawn or destroyed;
+  /// a lease etcd no longer has is granted again and everything rewritten.
+  static asio::awaitable<void> keep_renewing(std::weak_ptr<State> weak) {
+    for (;;) {
+      auto self = weak.lock();
+      if (!self || !self->announcement) co_return;
+      self->renewal.expires_after(std::max<std::chrono::milliseconds>(self->announcement->ttl / 3,
+                                                                      std::chrono::milliseconds(100)));
+      auto& timer = self->renewal;
+      self.reset();  // the wait must not keep the state alive
+      auto [ec] = co_await timer.async_wait(asio::as_tuple(asio::use_awaitable));
+      self = weak.lock();
+      if (!self || ec || !self->announcement) co_return;
+      auto renewed = co_await self->client.keep_alive(self->lease);
+      if (!renewed && renewed.error().is(errc::region_not_found)) renewed = co_await self->write_announcement();
+      if (!renewed) ++self->stats.etcd_failures;  // tried again at the next turn
+    }
+  }
+
+  // ---- the consumer's side ----
+  /// One family of keys (owners, names of one name, prefixes) as last read.
+  struct Cached {
+    std::vector<directory::KeyValue> kvs;
+    clock_type::time_point read;
+  };
+  std::map<std::string, Cached, std::less<>> cache;
+  static constexpr std::size_t max_cached_families = 65536;
+
+  /// The keys under `prefix`: from the cache while fresh, else from etcd;
+  /// from the old cache entry when etcd cannot be reached (`stale` set).
+  asio::awaitable<Result<std::vector<directory::KeyValue>>> keys_under(const std::string& prefix, bool& stale) {
+    auto it = cache.find(prefix);
+    const auto now = clock_type::now();
+    if (it != cache.end() && now - it->second.read < config.cache_ttl) co_return it->second.kvs;
+    auto read = co_await client.range_prefix(prefix);
+    if (!read) {
+      ++stats.etcd_failures;
+      if (it == cache.end()) co_return std::move(read).error();
+      stale = true;
+      co_return it->second.kvs;
+    }
+    // Bounded: past this many names the cache starts over.
+    if (cache.size() >= max_cached_families) cache.clear();
+    auto& entry = cache[prefix];
+    entry.kvs = std::move(read).value().kvs;
+    entry.read = now;
+    co_return entry.kvs;
+  }
+};
+
+Directory::Directory(asio::any_io_executor executor, DirectoryConfig config)
+    : state_(std::make_shared<State>(std::move(executor), std::move(config))) {}
+
+Directory::~Directory() {
+  state_->announcement.reset();
+  state_->renewal.cancel();
+}
+
+asio::any_io_executor Directory::executor() const { return state_->executor; }
+
+DirectoryStats Directory::stats() const { return state_->stats; }
+
+asio::awaitable<Result<void>> Directory::announce(Announcement announcement) {
+  auto state = state_;
+  CORMA_CO_TRY(directory::check_owner_id(announcement.owner.id));
+  if (announcement.ttl.count() < 1) co_return fail(errc::out_of_range, "an announcement's ttl is at least 1 s");
+  if (state->lease != 0) (void)co_await state->client.revoke(std::exchange(state->lease, 0));
+  state->announcement = std::move(announcement);
+  auto written = co_await state->write_announcement();
+  if (!written) {
+    state->announcement.reset();
+    co_return written;
+  }
+  if (!state->renewing) {
+    state->renewing = true;
+    asio::co_spawn(state->executor,
+                   [weak = std::weak_ptr(state)]() -> asio::awaitable<void> {
+                     co_await State::keep_renewing(weak);
+                     if (auto s = weak.lock()) s->renewing = false;
+                   },
+                   asio::detached);
+  }
+  co_return success();
+}
+
+asio::awaitable<Result<void>> Directory::withdraw() {
+  auto state = state_;
+  state->announcement.reset();
+  state->stats.announced = false;
+  state->renewal.cancel();
+  if (state->lease == 0) co_return success();
+  co_return co_await state->client.revoke(std::exchange(state->lease, 0));
+}
+
+asio::awaitable<Result<std::vector<OwnerEntry>>> Directory::resolve(std::string name) {
+  auto state = state_;
+  const auto& config = state->config;
+  ++state->stats.resolutions;
+  bool stale = false;
+  std::set<std::string> ids;
+  CORMA_CO_TRY(auto named, co_await state->keys_under(directory::name_key(config, name, ""), stale));
+  for (const auto& kv : named) {
+    if (auto split = directory::split_name_key(kv.key, directory::names_prefix(config)); split && split->name == name) {
+      ids.insert(split->owner);
+    }
+  }
+  CORMA_CO_TRY(auto prefixed, co_await state->keys_under(directory::prefixes_prefix(config), stale));
+  for (const auto& kv : prefixed) {
+    auto split = directory::split_name_key(kv.key, directory::prefixes_prefix(config));
+    if (split && name.starts_with(split->name)) ids.insert(split->owner);
+  }
+  if (ids.empty()) co_return fail(errc::region_not_found, "no owner announces '" + name + "'");
+  CORMA_CO_TRY(auto owner_kvs, co_await state->keys_under(directory::owners_prefix(config), stale));
+  std::vector<OwnerEntry> owners;
+  for (const auto& kv : owner_kvs) {
+    const auto id = std::string_view(kv.key).substr(directory::owners_prefix(config).size());
+    if (!ids.contains(std::string(id))) continue;
+    // An entry that is not one is skipped: another writer's mistake must
+    // not hide the owners that announced themselves properly.
+    if (auto owner = directory::decode_owner(id, kv.value)) owners.push_back(std::move(owner).value());
+  }
+  if (owners.empty()) co_return fail(errc::region_not_found, "the owners announcing '" + name + "' are gone");
+  if (stale) ++state->stats.stale_resolutions;
+  order_owners(owners, name, config.machine);
+  co_return owners;
+}
+
+asio::awaitable<Result<std::vector<DirectoryListing>>> Directory::list(std::string prefix) {
+  auto state = state_;
+  const auto& config = state->config;
+  std::vector<DirectoryListing> listing;
+  CORMA_CO_TRY(auto named, co_await state->client.range_prefix(directory::names_prefix(config) + prefix));
+  for (const auto& kv : named.kvs) {
+    if (auto split = directory::split_name_key(kv.key, directory::names_prefix(config))) {
+      listing.push_back({std::move(split->name), std::move(split->owner)});
+    }
+  }
+  CORMA_CO_TRY(auto prefixed, co_await state->client.range_prefix(directory::prefixes_prefix(config)));
+  for (const auto& kv : prefixed.kvs) {
+    auto split = directory::split_name_key(kv.key, directory::prefixes_prefix(config));
+    if (split && (split->name.starts_with(prefix) || prefix.starts_with(split->name))) {
+      listing.push_back({split->name + "*", std::move(split->owner)});
+    }
+  }
+  co_return listing;
+}
+
+}  // namespace corma

@@ -1,0 +1,172 @@
+#include "etcd_client.hpp"
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/http.hpp>
+
+#include <algorithm>
+
+namespace corma::directory {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+
+namespace {
+
+constexpr auto as_result = asio::as_tuple(asio::use_awaitable);
+
+Error unreachable(const std::string& what, const boost::system::error_code& ec) {
+  return Error{errc::peer_unreachable, "etcd: " + what + ": " + ec.message()};
+}
+
+/// etcd's JSON mapping writes 64-bit integers as strings (and leaves zero
+/// fields out).
+std::int64_t int64_field(const Json& object, const char* name) {
+  auto it = object.find(name);
+  if (it == object.end()) return 0;
+  if (it->is_string()) return std::stoll(it->get<std::string>());
+  if (it->is_number_integer()) return it->get<std::int64_t>();
+  throw std::invalid_argument(std::string("etcd: field ") + name + " is not an integer");
+}
+
+}  // namespace
+
+std::string prefix_end(std::string prefix) {
+  // The prefix with its last byte that is not 0xFF incremented, the rest dropped.
+  while (!prefix.empty()) {
+    auto& last = prefix.back();
+    if (static_cast<unsigned char>(last) != 0xFF) {
+      last = static_cast<char>(static_cast<unsigned char>(last) + 1);
+      return prefix;
+    }
+    prefix.pop_back();
+  }
+  return std::string(1, '\0');  // every key
+}
+
+EtcdClient::EtcdClient(asio::any_io_executor executor, std::string host, std::uint16_t port,
+                       std::chrono::milliseconds timeout)
+    : executor_(std::move(executor)), host_(std::move(host)), port_(port), timeout_(timeout) {}
+
+asio::awaitable<Result<beast::tcp_stream>> EtcdClient::connection() {
+  if (!idle_.empty()) {
+    auto stream = std::move(idle_.back());
+    idle_.pop_back();
+    co_return stream;
+  }
+  boost::system::error_code ec;
+  const auto address = asio::ip::make_address(host_, ec);
+  if (ec) co_return fail(errc::not_configured, "etcd: '" + host_ + "' is not an IP address");
+  beast::tcp_stream stream(executor_);
+  stream.expires_after(timeout_);
+  auto [connected] = co_await stream.async_connect(asio::ip::tcp::endpoint(address, port_), as_result);
+  if (connected) co_return unreachable("connect to " + host_ + ":" + std::to_string(port_), connected);
+  co_return stream;
+}
+
+asio::awaitable<Result<Json>> EtcdClient::call(const char* path, const Json& body) {
+  CORMA_CO_TRY(auto stream, co_await connection());
+  http::request<http::string_body> request{http::verb::post, std::string(path), 11};
+  request.set(http::field::host, host_);
+  request.set(http::field::content_type, "application/json");
+  request.keep_alive(true);
+  request.body() = body.dump();
+  request.prepare_payload();
+  stream.expires_after(timeout_);
+  if (auto [ec, n] = co_await http::async_write(stream, request, as_result); ec) {
+    co_return unreachable(std::string(path), ec);
+  }
+  beast::flat_buffer buffer;
+  http::response_parser<http::string_body> parser;
+  parser.body_limit(64 << 20);
+  if (auto [ec, n] = co_await http::async_read(stream, buffer, parser, as_result); ec) {
+    co_return unreachable(std::string(path), ec);
+  }
+  auto response = parser.release();
+  Json answer = Json::parse(response.body(), nullptr, false);
+  if (answer.is_discarded()) co_return fail(errc::protocol, "etcd: " + std::string(path) + " answered no JSON");
+  if (response.result() != http::status::ok) {
+    const auto message = answer.is_object() && answer.contains("message") ? answer["message"].dump() : response.body();
+    co_return fail(errc::backend, "etcd: " + std::string(path) + ": " + message);
+  }
+  if (response.keep_alive()) idle_.push_back(std::move(stream));
+  co_return answer;
+}
+
+asio::awaitable<Result<std::int64_t>> EtcdClient::grant_lease(std::chrono::seconds ttl) {
+  // Bodies are named, not temporaries in the co_await: g++ 12 miscompiles those.
+  const Json body{{"TTL", std::to_string(ttl.count())}};
+  CORMA_CO_TRY(auto answer, co_await call("/v3/lease/grant", body));
+  try {
+    const auto id = int64_field(answer, "ID");
+    if (id == 0) co_return fail(errc::backend, "etcd granted no lease: " + answer.dump());
+    co_return id;
+  } catch (const std::exception& e) {
+    co_return fail(errc::protocol, e.what());
+  }
+}
+
+asio::awaitable<Result<void>> EtcdClient::keep_alive(std::int64_t lease) {
+  const Json body{{"ID", std::to_string(lease)}};
+  CORMA_CO_TRY(auto answer, co_await call("/v3/lease/keepalive", body));
+  try {
+    // The gateway streams keep-alive answers: one {"result": {...}} here.
+    const auto& result = answer.contains("result") ? answer["result"] : answer;
+    if (int64_field(result, "TTL") <= 0) co_return fail(errc::region_not_found, "etcd no longer has the lease");
+    co_return success();
+  } catch (const std::exception& e) {
+    co_return fail(errc::protocol, e.what());
+  }
+}
+
+asio::awaitable<Result<void>> EtcdClient::revoke(std::int64_t lease) {
+  const Json body{{"ID", std::to_string(lease)}};
+  CORMA_CO_TRY(co_await call("/v3/lease/revoke", body));
+  co_return success();
+}
+
+asio::awaitable<Result<void>> EtcdClient::put(const std::string& key, const std::string& value, std::int64_t lease) {
+  Json body{{"key", to_base64(key)}, {"value", to_base64(value)}};
+  if (lease != 0) body["lease"] = std::to_string(lease);
+  CORMA_CO_TRY(co_await call("/v3/kv/put", body));
+  co_return success();
+}
+
+asio::awaitable<Result<void>> EtcdClient::put_all(const std::vector<KeyValue>& kvs, std::int64_t lease) {
+  constexpr std::size_t max_txn_ops = 128;
+  for (std::size_t first = 0; first < kvs.size(); first += max_txn_ops) {
+    Json puts = Json::array();
+    for (std::size_t i = first; i < std::min(kvs.size(), first + max_txn_ops); ++i) {
+      Json put{{"key", to_base64(kvs[i].key)}, {"value", to_base64(kvs[i].value)}};
+      if (lease != 0) put["lease"] = std::to_string(lease);
+      puts.push_back(Json{{"request_put", std::move(put)}});
+    }
+    const Json body{{"success", std::move(puts)}};
+    CORMA_CO_TRY(co_await call("/v3/kv/txn", body));
+  }
+  co_return success();
+}
+
+asio::awaitable<Result<RangeResult>> EtcdClient::range_prefix(const std::string& prefix) {
+  const Json body{{"key", to_base64(prefix)}, {"range_end", to_base64(prefix_end(prefix))}};
+  CORMA_CO_TRY(auto answer, co_await call("/v3/kv/range", body));
+  try {
+    RangeResult range;
+    range.revision = answer.contains("header") ? int64_field(answer["header"], "revision") : 0;
+    if (answer.contains("kvs")) {
+      for (const auto& kv : answer["kvs"]) {
+        CORMA_CO_TRY(auto key, from_base64(kv.value("key", "")));
+        CORMA_CO_TRY(auto value, from_base64(kv.value("value", "")));
+        range.kvs.push_back(KeyValue{std::move(key), std::move(value), int64_field(kv, "lease")});
+      }
+    }
+    co_return range;
+  } catch (const std::exception& e) {
+    co_return fail(errc::protocol, std::string("etcd: a range answer that is not etcd's: ") + e.what());
+  }
+}
+
+}  // namespace corma::directory

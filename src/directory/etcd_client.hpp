@@ -1,0 +1,79 @@
+// etcd's v3 API through its JSON gateway (etcd 3.4: POST /v3/kv/range,
+// /v3/kv/put, /v3/kv/deleterange, /v3/lease/grant, /v3/lease/keepalive,
+// /v3/lease/revoke), over HTTP/1.1 with Boost.Beast. Keys and values travel
+// base64-encoded, 64-bit numbers as decimal strings, as the gateway's JSON
+// mapping of etcd's protobuf messages has them. Connections are kept open
+// between calls and reused; a call that fails for any reason drops its
+// connection. Every call has a deadline.
+#pragma once
+
+#include <corma/error.hpp>
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/awaitable.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace corma::directory {
+
+using Json = nlohmann::json;
+
+struct KeyValue {
+  std::string key;
+  std::string value;
+  std::int64_t lease = 0;
+};
+
+/// What a prefix holds, and the store's revision when it was read.
+struct RangeResult {
+  std::vector<KeyValue> kvs;
+  std::int64_t revision = 0;
+};
+
+class EtcdClient {
+ public:
+  EtcdClient(boost::asio::any_io_executor executor, std::string host, std::uint16_t port,
+             std::chrono::milliseconds timeout);
+
+  /// POSTs `body` to `path` and returns the JSON answer; `backend` when
+  /// etcd answers an error, `peer_unreachable` when it cannot be reached or
+  /// the call times out.
+  boost::asio::awaitable<Result<Json>> call(const char* path, const Json& body);
+
+  /// A lease of `ttl`, its id.
+  boost::asio::awaitable<Result<std::int64_t>> grant_lease(std::chrono::seconds ttl);
+  /// Refreshes a lease; `region_not_found` when etcd no longer has it.
+  boost::asio::awaitable<Result<void>> keep_alive(std::int64_t lease);
+  boost::asio::awaitable<Result<void>> revoke(std::int64_t lease);
+  boost::asio::awaitable<Result<void>> put(const std::string& key, const std::string& value, std::int64_t lease);
+  /// Many puts under one lease, in transactions of at most 128 (etcd's
+  /// default --max-txn-ops).
+  boost::asio::awaitable<Result<void>> put_all(const std::vector<KeyValue>& kvs, std::int64_t lease);
+  /// Every key starting with `prefix`.
+  boost::asio::awaitable<Result<RangeResult>> range_prefix(const std::string& prefix);
+
+ private:
+  boost::asio::awaitable<Result<boost::beast::tcp_stream>> connection();
+
+  boost::asio::any_io_executor executor_;
+  std::string host_;
+  std::uint16_t port_;
+  std::chrono::milliseconds timeout_;
+  std::vector<boost::beast::tcp_stream> idle_;  ///< open connections, waiting for a call
+};
+
+/// The first key after every key starting with `prefix` (etcd's range_end
+/// for a prefix).
+[[nodiscard]] std::string prefix_end(std::string prefix);
+
+[[nodiscard]] std::string to_base64(std::string_view bytes);
+[[nodiscard]] Result<std::string> from_base64(std::string_view text);
+
+}  // namespace corma::directory

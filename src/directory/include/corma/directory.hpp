@@ -1,0 +1,142 @@
+// Directory: where owners say what they serve and consumers find them, kept
+// in etcd (its v3 JSON API), never in a store of corma's own. An owner
+// announces its endpoint and names under one etcd lease it keeps alive: a
+// clean withdrawal revokes it, and a dead owner's entries vanish when the
+// lease expires. A consumer resolves a name to the owners that serve it,
+// ordered by a documented rule, from a cache it refreshes from etcd (and
+// keeps answering from while etcd is down). docs/architecture.md ("Many
+// owners") lays the keys out to the byte.
+#pragma once
+
+#include <corma/detail/as_operation.hpp>
+#include <corma/error.hpp>
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace corma {
+
+struct DirectoryConfig {
+  /// etcd's client endpoint: an IP address and port (its JSON gateway).
+  std::string host = "127.0.0.1";
+  std::uint16_t port = 2379;
+  /// Every key lives under this prefix, so several clusters can share one etcd.
+  std::string key_prefix = "/corma";
+  /// Deadline for each call to etcd.
+  std::chrono::milliseconds request_timeout{2000};
+  /// How long a resolution is answered from the cache before etcd is asked
+  /// again (while etcd is down, older answers are given, and counted).
+  std::chrono::milliseconds cache_ttl{1000};
+  /// This machine's name, for the same-host-first rule; empty: the host name.
+  std::string machine;
+};
+
+/// "HOST:PORT" or "http://HOST:PORT" (HOST an IP address) into a config.
+[[nodiscard]] Result<DirectoryConfig> parse_directory_address(std::string_view address);
+
+/// One owner as it announces itself.
+struct OwnerEntry {
+  std::string id;       ///< unique among the directory's owners
+  std::string host;     ///< the rendezvous endpoint consumers connect to
+  std::uint16_t port = 0;
+  std::string machine;  ///< where it runs (same-host consumers can use shared memory)
+  std::string transport;  ///< "tcp", "shm", "verbs" or "none" (chunks only)
+  std::uint16_t protocol_version = 0;
+  std::uint64_t load = 0;  ///< lower is preferred
+};
+
+struct Announcement {
+  OwnerEntry owner;
+  /// Exact names, and name prefixes (an owner of millions of objects
+  /// announces prefixes: "" serves every name).
+  std::vector<std::string> names;
+  std::vector<std::string> prefixes;
+  /// The lease's time to live: the owner's entries vanish this long after
+  /// it stops renewing. Renewed every third of it.
+  std::chrono::seconds ttl{10};
+};
+
+/// A name and an owner that announced it (or a prefix of it).
+struct DirectoryListing {
+  std::string name;  ///< a name, or a prefix ending in '*'
+  std::string owner;
+};
+
+struct DirectoryStats {
+  std::uint64_t resolutions = 0;
+  std::uint64_t cache_hits = 0;
+  /// Answered from an old cache entry because etcd could not be reached.
+  std::uint64_t stale_resolutions = 0;
+  std::uint64_t etcd_failures = 0;
+  std::uint64_t leases_granted = 0;  ///< more than one: etcd lost the lease and it was announced again
+  bool announced = false;
+};
+
+/// Runs on one executor, like Owner and Consumer; its operations are Asio
+/// initiating functions (`use_awaitable` by default).
+class Directory {
+ public:
+  using DefaultToken = boost::asio::use_awaitable_t<>;
+
+  Directory(boost::asio::any_io_executor executor, DirectoryConfig config);
+  Directory(const Directory&) = delete;
+  Directory& operator=(const Directory&) = delete;
+  /// Stops renewing (the entries then vanish with the lease; withdraw first
+  /// to remove them at once).
+  ~Directory();
+
+  /// Owner: grants a lease, writes the owner's entry and its names under it,
+  /// and renews it from then on; when etcd loses the lease (down longer
+  /// than the ttl), a new one is granted and everything written again.
+  /// Announcing again replaces the previous announcement. Completes with
+  /// Result<void>.
+  template <class Token = DefaultToken>
+  auto async_announce(Announcement announcement, Token&& token = {}) {
+    return detail::as_operation(executor(), announce(std::move(announcement)), std::forward<Token>(token));
+  }
+
+  /// Owner: revokes the lease: every entry goes at once. Result<void>.
+  template <class Token = DefaultToken>
+  auto async_withdraw(Token&& token = {}) {
+    return detail::as_operation(executor(), withdraw(), std::forward<Token>(token));
+  }
+
+  /// Consumer: the owners serving `name` (exactly, or by a prefix), best
+  /// first: same machine, then least loaded, then a hash of the name and
+  /// the owner's id (stable, and spreading names over equal owners).
+  /// `region_not_found` when none does. Result<std::vector<OwnerEntry>>.
+  template <class Token = DefaultToken>
+  auto async_resolve(std::string name, Token&& token = {}) {
+    return detail::as_operation(executor(), resolve(std::move(name)), std::forward<Token>(token));
+  }
+
+  /// The names (and prefixes) announced under `prefix`, with their owners.
+  /// Result<std::vector<DirectoryListing>>.
+  template <class Token = DefaultToken>
+  auto async_list(std::string prefix, Token&& token = {}) {
+    return detail::as_operation(executor(), list(std::move(prefix)), std::forward<Token>(token));
+  }
+
+  [[nodiscard]] DirectoryStats stats() const;
+
+  struct State;
+
+ private:
+  [[nodiscard]] boost::asio::any_io_executor executor() const;
+  [[nodiscard]] boost::asio::awaitable<Result<void>> announce(Announcement announcement);
+  [[nodiscard]] boost::asio::awaitable<Result<void>> withdraw();
+  [[nodiscard]] boost::asio::awaitable<Result<std::vector<OwnerEntry>>> resolve(std::string name);
+  [[nodiscard]] boost::asio::awaitable<Result<std::vector<DirectoryListing>>> list(std::string prefix);
+
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace corma

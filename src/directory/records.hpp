@@ -1,0 +1,40 @@
+// The directory's keys and values in etcd, under the configured key prefix P:
+//   P/owners/<owner id>            an owner's entry: JSON (OwnerEntry)
+//   P/names/<name> 0x00 <owner id>         empty: that owner serves <name>
+//   P/prefixes/<prefix> 0x00 <owner id>    empty: that owner serves every
+//                                          name starting with <prefix>
+// all under the owner's lease. A NUL separates a name from the owner id
+// because no object name holds one, so the keys of one name are exactly
+// those starting with P/names/<name> 0x00.
+#pragma once
+
+#include <corma/directory.hpp>
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace corma::directory {
+
+[[nodiscard]] std::string owners_prefix(const DirectoryConfig& config);
+[[nodiscard]] std::string owner_key(const DirectoryConfig& config, std::string_view owner);
+[[nodiscard]] std::string names_prefix(const DirectoryConfig& config);
+[[nodiscard]] std::string name_key(const DirectoryConfig& config, std::string_view name, std::string_view owner);
+[[nodiscard]] std::string prefixes_prefix(const DirectoryConfig& config);
+[[nodiscard]] std::string prefix_key(const DirectoryConfig& config, std::string_view prefix, std::string_view owner);
+
+/// A name (or prefix) key without its family's prefix: the name and the owner.
+struct NameAndOwner {
+  std::string name;
+  std::string owner;
+};
+[[nodiscard]] std::optional<NameAndOwner> split_name_key(std::string_view key, std::string_view family_prefix);
+
+[[nodiscard]] std::string encode_owner(const OwnerEntry& owner);
+/// Strict: anything else than an object with these fields is refused.
+[[nodiscard]] Result<OwnerEntry> decode_owner(std::string_view id, std::string_view json);
+
+/// An owner id is 1..128 bytes of [A-Za-z0-9._-] (it ends keys).
+[[nodiscard]] Result<void> check_owner_id(std::string_view id);
+
+}  // namespace corma::directory

@@ -1,0 +1,183 @@
+// corma::Directory against a real etcd: owners announce names and prefixes
+// under leases, consumers resolve them in the documented order; a
+// withdrawal removes an owner at once and a dead owner's entries go with its
+// lease; a lease etcd lost is granted again and the announcement restored;
+// while etcd is down, resolutions come from the cache and say so.
+#include "directory/etcd_server.hpp"
+#include "support/run.hpp"
+
+#include <corma/directory.hpp>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <gtest/gtest.h>
+
+#include "directory/etcd_client.hpp"
+#include "directory/records.hpp"
+
+namespace {
+
+namespace asio = boost::asio;
+using corma::errc;
+
+class DirectoryTest : public ::testing::Test {
+ protected:
+  asio::io_context io;
+  corma::testing::EtcdServer etcd;
+
+  void SetUp() override {
+    if (auto missing = corma::testing::EtcdServer::missing()) GTEST_SKIP() << *missing;
+    ASSERT_TRUE(etcd.start()) << "etcd did not start";
+  }
+
+  corma::DirectoryConfig config(std::string machine = "consumer-host") {
+    auto c = etcd.config("/test");
+    c.machine = std::move(machine);
+    c.cache_ttl = std::chrono::milliseconds(0);  // every resolution asks etcd
+    return c;
+  }
+
+  static corma::Announcement owner(std::string id, std::string machine, std::uint64_t load,
+                                   std::vector<std::string> names, std::vector<std::string> prefixes = {}) {
+    corma::Announcement a;
+    a.owner = corma::OwnerEntry{id, "127.0.0.1", 4000, std::move(machine), "tcp", 3, load};
+    a.names = std::move(names);
+    a.prefixes = std::move(prefixes);
+    a.ttl = std::chrono::seconds(2);
+    return a;
+  }
+
+  std::vector<std::string> resolve_ids(corma::Directory& directory, const std::string& name) {
+    auto resolved = corma::testing::run(io, directory.async_resolve(name));
+    std::vector<std::string> ids;
+    if (resolved) {
+      for (const auto& o : resolved.value()) ids.push_back(o.id);
+    }
+    return ids;
+  }
+
+  /// Resolves `name` until `done(ids)` holds or `limit` passes (etcd's
+  /// lease expiry has no event to wait on).
+  template <class Done>
+  bool resolves_eventually(corma::Directory& directory, const std::string& name, Done done,
+                           std::chrono::seconds limit) {
+    const auto until = std::chrono::steady_clock::now() + limit;
+    while (std::chrono::steady_clock::now() < until) {
+      if (done(resolve_ids(directory, name))) return true;
+      asio::steady_timer pause(io, std::chrono::milliseconds(100));
+      corma::testing::run(io, pause.async_wait(asio::use_awaitable));
+    }
+    return false;
+  }
+};
+
+TEST_F(DirectoryTest, NamesResolveToTheirOwnersSameMachineThenLeastLoaded) {
+  corma::Directory a(io.get_executor(), config("host-a"));
+  corma::Directory b(io.get_executor(), config("host-b"));
+  corma::Directory c(io.get_executor(), config("host-c"));
+  ASSERT_TRUE(corma::testing::run(io, a.async_announce(owner("owner-a", "host-a", 5, {"model/layer-1", "x"}))));
+  ASSERT_TRUE(corma::testing::run(io, b.async_announce(owner("owner-b", "host-b", 1, {"model/layer-1"}))));
+  ASSERT_TRUE(corma::testing::run(io, c.async_announce(owner("owner-c", "host-c", 9, {}, {"kv/"}))));
+
+  corma::Directory on_host_a(io.get_executor(), config("host-a"));
+  corma::Directory elsewhere(io.get_executor(), config("host-z"));
+  EXPECT_EQ(resolve_ids(on_host_a, "model/layer-1"), (std::vector<std::string>{"owner-a", "owner-b"}))
+      << "the owner on the same machine comes first";
+  EXPECT_EQ(resolve_ids(elsewhere, "model/layer-1"), (std::vector<std::string>{"owner-b", "owner-a"}))
+      << "then the least loaded";
+  EXPECT_EQ(resolve_ids(elsewhere, "kv/block-7"), (std::vector<std::string>{"owner-c"})) << "by its prefix";
+  EXPECT_EQ(resolve_ids(elsewhere, "x"), (std::vector<std::string>{"owner-a"}));
+  auto nobody = corma::testing::run(io, elsewhere.async_resolve("model/layer-10"));
+  ASSERT_FALSE(nobody) << "a longer name is another name";
+  EXPECT_TRUE(nobody.error().is(errc::region_not_found));
+
+  auto resolved = corma::testing::run(io, elsewhere.async_resolve("x")).value();
+  EXPECT_EQ(resolved.front().port, 4000);
+  EXPECT_EQ(resolved.front().transport, "tcp");
+  EXPECT_EQ(resolved.front().protocol_version, 3);
+
+  auto listed = corma::testing::run(io, elsewhere.async_list("model/")).value();
+  EXPECT_EQ(listed.size(), 2u);
+}
+
+TEST_F(DirectoryTest, AWithdrawnOwnerVanishesAtOnceAndADeadOnesEntriesGoWithItsLease) {
+  corma::Directory consumer(io.get_executor(), config());
+  corma::Directory withdrawing(io.get_executor(), config("host-a"));
+  ASSERT_TRUE(corma::testing::run(io, withdrawing.async_announce(owner("owner-a", "host-a", 0, {"obj"}))));
+  auto dying = std::make_unique<corma::Directory>(io.get_executor(), config("host-b"));
+  ASSERT_TRUE(corma::testing::run(io, dying->async_announce(owner("owner-b", "host-b", 0, {"obj"}))));
+  EXPECT_EQ(resolve_ids(consumer, "obj").size(), 2u);
+
+  ASSERT_TRUE(corma::testing::run(io, withdrawing.async_withdraw()));
+  EXPECT_EQ(resolve_ids(consumer, "obj"), (std::vector<std::string>{"owner-b"})) << "withdrawn: gone at once";
+
+  dying.reset();  // stops renewing, as a killed owner would
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_TRUE(resolves_eventually(consumer, "obj", [](const auto& ids) { return ids.empty(); }, std::chrono::seconds(8)))
+      << "a dead owner's entries outlived its lease";
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5)) << "the lease's ttl is 2 s";
+}
+
+TEST_F(DirectoryTest, ALeaseEtcdLostIsGrantedAgainAndTheAnnouncementRestored) {
+  corma::Directory announcing(io.get_executor(), config("host-a"));
+  ASSERT_TRUE(corma::testing::run(io, announcing.async_announce(owner("owner-a", "host-a", 0, {"obj"}))));
+  // Someone else revokes every lease, as etcd does with leases it lost.
+  corma::directory::EtcdClient admin(io.get_executor(), "127.0.0.1", etcd.config("").port, std::chrono::seconds(2));
+  auto leases = corma::testing::run(io, admin.call("/v3/lease/leases", corma::directory::Json::object())).value();
+  ASSERT_TRUE(leases.contains("leases"));
+  for (const auto& lease : leases["leases"]) {
+    ASSERT_TRUE(corma::testing::run(io, admin.revoke(std::stoll(lease["ID"].get<std::string>()))));
+  }
+  corma::Directory consumer(io.get_executor(), config());
+  EXPECT_TRUE(resolve_ids(consumer, "obj").empty()) << "the revocation took the entries";
+  EXPECT_TRUE(resolves_eventually(
+      consumer, "obj", [](const auto& ids) { return ids == std::vector<std::string>{"owner-a"}; }, std::chrono::seconds(5)))
+      << "the announcement was not restored";
+  EXPECT_EQ(announcing.stats().leases_granted, 2u);
+}
+
+TEST_F(DirectoryTest, WhileEtcdIsDownResolutionsComeFromTheCacheAndSaySo) {
+  corma::Directory announcing(io.get_executor(), config("host-a"));
+  ASSERT_TRUE(corma::testing::run(io, announcing.async_announce(owner("owner-a", "host-a", 0, {"cached"}))));
+  corma::Directory consumer(io.get_executor(), config());
+  EXPECT_EQ(resolve_ids(consumer, "cached"), (std::vector<std::string>{"owner-a"}));
+  etcd.stop();
+  EXPECT_EQ(resolve_ids(consumer, "cached"), (std::vector<std::string>{"owner-a"})) << "answered from the cache";
+  EXPECT_EQ(consumer.stats().stale_resolutions, 1u);
+  auto never_seen = corma::testing::run(io, consumer.async_resolve("never-seen"));
+  ASSERT_FALSE(never_seen);
+  EXPECT_TRUE(never_seen.error().is(errc::peer_unreachable)) << never_seen.error().message();
+}
+
+TEST(DirectoryRecords, KeysAndEntriesAreCheckedBeforeUse) {
+  corma::DirectoryConfig config;
+  const auto key = corma::directory::name_key(config, "a/b", "owner-1");
+  EXPECT_EQ(key, std::string("/corma/names/a/b") + '\0' + "owner-1");
+  auto split = corma::directory::split_name_key(key, corma::directory::names_prefix(config));
+  ASSERT_TRUE(split);
+  EXPECT_EQ(split->name, "a/b");
+  EXPECT_EQ(split->owner, "owner-1");
+  EXPECT_FALSE(corma::directory::split_name_key("/corma/names/no-owner", corma::directory::names_prefix(config)));
+  EXPECT_FALSE(corma::directory::decode_owner("x", "{\"host\": 1}"));
+  EXPECT_FALSE(corma::directory::decode_owner("x", "not json"));
+  EXPECT_FALSE(corma::directory::check_owner_id("has/slash"));
+  EXPECT_FALSE(corma::directory::check_owner_id(""));
+  corma::OwnerEntry entry{"o", "10.0.0.1", 7000, "m", "verbs", 3, 42};
+  auto back = corma::directory::decode_owner("o", corma::directory::encode_owner(entry));
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back.value().port, 7000);
+  EXPECT_EQ(back.value().load, 42u);
+  for (std::string bytes : {std::string(""), std::string("a"), std::string("ab"), std::string("abc"),
+                            std::string("\0\xff\x10", 3)}) {
+    EXPECT_EQ(corma::directory::from_base64(corma::directory::to_base64(bytes)).value(), bytes);
+  }
+  EXPECT_FALSE(corma::directory::from_base64("abc"));
+  EXPECT_FALSE(corma::directory::from_base64("ab!="));
+  EXPECT_EQ(corma::directory::prefix_end("a/b"), "a/c");
+  EXPECT_TRUE(corma::parse_directory_address("http://127.0.0.1:2379"));
+  EXPECT_FALSE(corma::parse_directory_address("127.0.0.1"));
+  EXPECT_FALSE(corma::parse_directory_address("127.0.0.1:99999"));
+}
+
+}  // namespace

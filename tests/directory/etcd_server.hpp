@@ -1,0 +1,82 @@
+// A real etcd for a test: started on free loopback ports with a temporary
+// data directory, stopped (and its directory removed) at the end. A test
+// that finds no etcd binary skips and says why.
+#pragma once
+
+#include "cli/processes.hpp"
+
+#include <corma/directory.hpp>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <gtest/gtest.h>
+
+#include <signal.h>
+
+#include <filesystem>
+#include <optional>
+#include <string>
+
+namespace corma::testing {
+
+class EtcdServer {
+ public:
+  static constexpr const char* binary = "/usr/bin/etcd";
+
+  EtcdServer() : data_(std::filesystem::temp_directory_path() / ("corma-etcd-" + std::to_string(::getpid()))) {}
+  ~EtcdServer() {
+    stop();
+    std::filesystem::remove_all(data_);
+  }
+
+  /// Why etcd cannot run here, if it cannot.
+  static std::optional<std::string> missing() {
+    if (std::filesystem::exists(binary)) return std::nullopt;
+    return std::string("no etcd at ") + binary + " (scripts/setup installs Debian's etcd-server)";
+  }
+
+  /// Starts etcd (on the ports of its first start, when started again,
+  /// with the same data) and waits until it serves clients.
+  bool start() {
+    if (client_port_ == 0) {
+      client_port_ = free_port();
+      peer_port_ = free_port();
+    }
+    const auto client = "http://127.0.0.1:" + std::to_string(client_port_);
+    const auto peer = "http://127.0.0.1:" + std::to_string(peer_port_);
+    process_.emplace(cli::testing::Process::start(
+        {binary, "--name", "corma-test", "--data-dir", data_.string(), "--listen-client-urls", client,
+         "--advertise-client-urls", client, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+         "--initial-cluster", "corma-test=" + peer, "--log-level", "info"}));
+    return process_->wait_for_output("ready to serve client requests", std::chrono::seconds(20));
+  }
+
+  /// Stops it as a crash would (SIGKILL): clients see it gone at once.
+  void stop() {
+    if (!process_) return;
+    ::kill(process_->pid, SIGKILL);
+    (void)process_->wait_exit(std::chrono::seconds(5));
+    process_.reset();
+  }
+
+  [[nodiscard]] DirectoryConfig config(std::string key_prefix) const {
+    DirectoryConfig config;
+    config.port = client_port_;
+    config.key_prefix = std::move(key_prefix);
+    return config;
+  }
+
+ private:
+  static std::uint16_t free_port() {
+    boost::asio::io_context io;
+    boost::asio::ip::tcp::acceptor probe(io, {boost::asio::ip::make_address("127.0.0.1"), 0});
+    return probe.local_endpoint().port();
+  }
+
+  std::filesystem::path data_;
+  std::uint16_t client_port_ = 0;
+  std::uint16_t peer_port_ = 0;
+  std::optional<cli::testing::Process> process_;
+};
+
+}  // namespace corma::testing
