@@ -88,7 +88,8 @@ asio::awaitable<Result<std::shared_ptr<Export>>> Owner::State::register_export(c
 void Owner::State::forget_export(const std::string& name) {
   exports.erase(name);
   auto old = published.find(name);
-  if (old == published.end() || !config.cache_exports) return;
+  // Nothing was registered without a registry (everything is served in chunks).
+  if (old == published.end() || !config.cache_exports || !registry) return;
   // Its cached registration is shared no more; idle, it is deregistered now.
   registry->async_invalidate(old->second.bytes, asio::detached);
 }

@@ -61,6 +61,21 @@ TEST_F(Rendezvous, SpentBudgetWithNoRoomForAWindowFallsBackToChunks) {
   EXPECT_EQ(owner->stats().decisions.chunked_by_reason.at("no_window"), 1u);
 }
 
+TEST_F(Rendezvous, AnOwnerWithoutARegistryServesChunksAndStops) {
+  // No registry: nothing registered, nothing cached, and stop() has nothing to invalidate.
+  owner = std::make_unique<Owner>(io.get_executor(), nullptr);
+  owner->publish("small", corma::PublishedObject{small, nullptr});
+  owner->publish("small", corma::PublishedObject{small, nullptr});  // published again: no export to forget
+  asio::co_spawn(io, owner->serve(acceptor), asio::detached);
+  auto fetched = corma::testing::run(io, [&]() -> asio::awaitable<corma::Result<corma::Fetched>> {
+    auto consumer = (co_await connect(consumer_registry)).value();
+    co_return co_await consumer->async_fetch("small");
+  }());
+  ASSERT_TRUE(fetched) << fetched.error().message();
+  EXPECT_EQ(fetched.value().path, corma::Path::chunked);
+  owner->stop();
+}
+
 TEST_F(Rendezvous, ConsumerWithoutAnOfferGetsChunks) {
   start_owner();
   corma::testing::run(io, [&]() -> asio::awaitable<void> {

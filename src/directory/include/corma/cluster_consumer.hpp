@@ -1,0 +1,78 @@
+// ClusterConsumer: fetches by name from whichever owner serves it, found
+// through a Directory, with one pooled connection per owner (made when
+// first needed) and failover: a fetch whose owner is lost (connection
+// closed, peer_unreachable, timeout) or drains is tried on the next owner,
+// once per owner, and the outcome says which owner served it.
+#pragma once
+
+#include <corma/consumer.hpp>
+#include <corma/detail/as_operation.hpp>
+#include <corma/directory.hpp>
+#include <corma/registry.hpp>
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/awaitable.hpp>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace corma {
+
+/// How a fetch through the cluster went: the fetch's own outcome, the owner
+/// that served it, and the owners tried before it and why they failed.
+struct ClusterOutcome {
+  FetchOutcome fetch;
+  std::string owner;
+  struct Failed {
+    std::string owner;
+    Error error;
+  };
+  std::vector<Failed> failed;
+};
+
+class ClusterConsumer {
+ public:
+  using DefaultToken = Directory::DefaultToken;
+
+  /// `registry` may be null: every object then comes in chunks.
+  ClusterConsumer(boost::asio::any_io_executor executor, std::shared_ptr<Directory> directory,
+                  std::shared_ptr<Registry> registry, ConsumerConfig config = {});
+  ClusterConsumer(const ClusterConsumer&) = delete;
+  ClusterConsumer& operator=(const ClusterConsumer&) = delete;
+  ~ClusterConsumer();
+
+  /// Fetches `name` into `destination` as Consumer::async_fetch_to would,
+  /// from the first owner of the directory's order that serves it; an
+  /// owner lost during the fetch is dropped from the pool and the next one
+  /// tried (chunks already handed to the sink are handed again from the
+  /// start: the sink writes at offsets). Errors that are the object's own
+  /// (not found on every owner, object_changed, a sink's error) end the
+  /// fetch. Completes with Result<ClusterOutcome>.
+  template <class Token = DefaultToken>
+  auto async_fetch_to(std::string name, StreamDestination destination, Token&& token = {}) {
+    return detail::as_operation(executor(), fetch_to(std::move(name), std::move(destination)),
+                                std::forward<Token>(token));
+  }
+
+  /// The same into a region of the registry the caller keeps registered.
+  template <class Token = DefaultToken>
+  auto async_fetch_into(std::string name, RegionGuard& destination, Token&& token = {}) {
+    return detail::as_operation(executor(), fetch_into(std::move(name), destination), std::forward<Token>(token));
+  }
+
+  /// Owners connected now.
+  [[nodiscard]] std::size_t pooled() const;
+
+  struct State;
+
+ private:
+  [[nodiscard]] boost::asio::any_io_executor executor() const;
+  [[nodiscard]] boost::asio::awaitable<Result<ClusterOutcome>> fetch_to(std::string name,
+                                                                         StreamDestination destination);
+  [[nodiscard]] boost::asio::awaitable<Result<ClusterOutcome>> fetch_into(std::string name, RegionGuard& destination);
+
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace corma

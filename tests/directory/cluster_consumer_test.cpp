@@ -1,0 +1,123 @@
+// ClusterConsumer over a real etcd and two in-process owners serving the
+// same object: it fetches from the owner the directory ranks first, keeps
+// one connection per owner, and when that owner is lost fetches from the
+// other, saying which owner served it and which failed.
+#include "directory/etcd_server.hpp"
+#include "support/run.hpp"
+
+#include <corma/cluster_consumer.hpp>
+#include <corma/owner.hpp>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+namespace {
+
+namespace asio = boost::asio;
+using corma::errc;
+
+/// An owner serving `bytes` as "obj" (chunks only), announced as `id`.
+struct AnnouncedOwner {
+  AnnouncedOwner(asio::io_context& io, const corma::DirectoryConfig& config, std::string id, std::uint64_t load,
+                 const std::vector<std::byte>& bytes)
+      : acceptor(io, {asio::ip::make_address("127.0.0.1"), 0}),
+        owner(io.get_executor(), nullptr),
+        directory(io.get_executor(), config) {
+    owner.publish("obj", corma::PublishedObject{bytes, nullptr});
+    asio::co_spawn(io, owner.serve(acceptor), asio::detached);
+    corma::Announcement a;
+    a.owner = corma::OwnerEntry{std::move(id), "127.0.0.1", acceptor.local_endpoint().port(), "host", "none", 3, load};
+    a.names = {"obj"};
+    a.ttl = std::chrono::seconds(5);
+    announced = corma::testing::run(io, directory.async_announce(std::move(a)));
+  }
+  void kill() {
+    owner.stop();
+    acceptor.close();
+  }
+
+  asio::ip::tcp::acceptor acceptor;
+  corma::Owner owner;
+  corma::Directory directory;
+  corma::Result<void> announced = corma::success();
+};
+
+class ClusterConsumerTest : public ::testing::Test {
+ protected:
+  asio::io_context io;
+  corma::testing::EtcdServer etcd;
+  std::vector<std::byte> bytes = std::vector<std::byte>(300 * 1024);
+
+  void SetUp() override {
+    if (auto missing = corma::testing::EtcdServer::missing()) GTEST_SKIP() << *missing;
+    ASSERT_TRUE(etcd.start()) << "etcd did not start";
+    for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<std::byte>(i * 13 + 1);
+  }
+
+  corma::DirectoryConfig config() {
+    auto c = etcd.config("/cluster");
+    c.machine = "consumer-host";
+    c.cache_ttl = std::chrono::milliseconds(0);
+    return c;
+  }
+
+  corma::Result<corma::ClusterOutcome> fetch(corma::ClusterConsumer& cluster, std::vector<std::byte>& into) {
+    into.assign(bytes.size(), std::byte{0});
+    corma::StreamDestination destination{[&into](std::uint64_t offset, std::span<const std::byte> chunk) {
+                                           std::copy(chunk.begin(), chunk.end(), into.begin() + static_cast<std::ptrdiff_t>(offset));
+                                           return corma::success();
+                                         },
+                                         {}};
+    return corma::testing::run(io, cluster.async_fetch_to("obj", std::move(destination)));
+  }
+};
+
+TEST_F(ClusterConsumerTest, ALostOwnerIsReplacedByTheNextReplicaAndTheOutcomeSaysWhichServed) {
+  auto primary = std::make_unique<AnnouncedOwner>(io, config(), "owner-primary", 1, bytes);
+  AnnouncedOwner replica(io, config(), "owner-replica", 7, bytes);
+  ASSERT_TRUE(primary->announced);
+  ASSERT_TRUE(replica.announced);
+  corma::ClusterConsumer cluster(io.get_executor(), std::make_shared<corma::Directory>(io.get_executor(), config()),
+                                 nullptr);
+  std::vector<std::byte> got;
+  auto first = fetch(cluster, got);
+  ASSERT_TRUE(first) << first.error().message();
+  EXPECT_EQ(first.value().owner, "owner-primary") << "the least loaded first";
+  EXPECT_TRUE(first.value().failed.empty());
+  EXPECT_EQ(got, bytes);
+  EXPECT_EQ(cluster.pooled(), 1u);
+
+  // The primary dies without withdrawing: the directory still lists it.
+  primary->kill();
+  auto second = fetch(cluster, got);
+  ASSERT_TRUE(second) << second.error().message();
+  EXPECT_EQ(second.value().owner, "owner-replica");
+  ASSERT_EQ(second.value().failed.size(), 1u);
+  EXPECT_EQ(second.value().failed.front().owner, "owner-primary");
+  EXPECT_EQ(got, bytes);
+
+  replica.kill();
+  auto none = fetch(cluster, got);
+  ASSERT_FALSE(none);
+  EXPECT_TRUE(none.error().is(errc::peer_unreachable)) << none.error().message();
+  primary.reset();
+}
+
+TEST_F(ClusterConsumerTest, AnUnannouncedNameIsNotFound) {
+  AnnouncedOwner only(io, config(), "owner", 1, bytes);
+  corma::ClusterConsumer cluster(io.get_executor(), std::make_shared<corma::Directory>(io.get_executor(), config()),
+                                 nullptr);
+  auto outcome = corma::testing::run(io, cluster.async_fetch_to("other", corma::StreamDestination{
+                                                                             [](std::uint64_t, std::span<const std::byte>) {
+                                                                               return corma::success();
+                                                                             },
+                                                                             {}}));
+  ASSERT_FALSE(outcome);
+  EXPECT_TRUE(outcome.error().is(errc::region_not_found));
+}
+
+}  // namespace
