@@ -7,8 +7,15 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace corma::cli {
+
+/// Where the owners of a cluster announce themselves (etcd), if anywhere.
+struct DirectoryOptions {
+  std::string address;  ///< HOST:PORT of etcd; empty: no directory
+  std::string key_prefix = "/corma";
+};
 
 struct ServeOptions {
   std::string root;
@@ -23,6 +30,10 @@ struct ServeOptions {
   double io_timeout_s = 10;     ///< the hello, the rest of a frame once begun, every write
   double idle_timeout_s = 60;   ///< a connection silent this long between frames is closed
   TransportOptions transport;
+  DirectoryOptions directory;
+  std::string owner_id;                 ///< empty: <host name>-<port>
+  std::vector<std::string> announce;    ///< name prefixes announced; empty: "" (every file)
+  double announce_ttl_s = 10;
 };
 
 struct GetOptions {
@@ -33,10 +44,17 @@ struct GetOptions {
   bool no_rdma = false;
   std::uint32_t pull_window = ConsumerConfig{}.pull_window;
   TransportOptions transport;
+  DirectoryOptions directory;  ///< set: `owner` is not given, the directory finds one
+};
+
+struct ListOptions {
+  DirectoryOptions directory;
+  std::string prefix;
 };
 
 int run_serve(const ServeOptions& options);
 int run_get(const GetOptions& options);
 int run_demo();
+int run_list(const ListOptions& options);
 
 }  // namespace corma::cli

@@ -1,16 +1,19 @@
 // corma get: fetch one object from a corma serve and write it to a file.
 #include "address.hpp"
 #include "commands.hpp"
+#include "directory_options.hpp"
 #include "network_device.hpp"
 #include "output_file.hpp"
 #include "shut_down.hpp"
 #include "sizes.hpp"
 
+#include <corma/cluster_consumer.hpp>
 #include <corma/consumer.hpp>
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/use_future.hpp>
 
 #include <unistd.h>
 
@@ -32,18 +35,48 @@ void draw_progress(std::uint64_t done, std::uint64_t total) {
   std::fflush(stdout);
 }
 
+/// The owner to connect to: the one given, or (with a directory) the first
+/// the directory names for the path, whose address also picks this side's
+/// interface.
+struct Target {
+  asio::ip::tcp::endpoint owner;
+  std::shared_ptr<Directory> directory;
+};
+
+Result<Target> find_target(asio::io_context& io, const GetOptions& options, const std::string& path) {
+  if (options.directory.address.empty()) {
+    CORMA_TRY(auto owner, parse_endpoint(options.owner));
+    return Target{owner, nullptr};
+  }
+  CORMA_TRY(auto config, directory_config(options.directory));
+  auto directory = std::make_shared<Directory>(io.get_executor(), config);
+  auto resolving = directory->async_resolve(path, asio::use_future);
+  io.run();
+  io.restart();
+  CORMA_TRY(auto owners, resolving.get());
+  boost::system::error_code ec;
+  const auto address = asio::ip::make_address(owners.front().host, ec);
+  if (ec) return fail(errc::peer_unreachable, "the directory names owner " + owners.front().id + " at '" + owners.front().host + "'");
+  return Target{asio::ip::tcp::endpoint(address, owners.front().port), std::move(directory)};
+}
+
 }  // namespace
 
 int run_get(const GetOptions& options) {
-  auto owner = parse_endpoint(options.owner);
+  // With a directory the one positional argument is the path.
+  const bool by_directory = !options.directory.address.empty();
+  const std::string path = by_directory && options.path.empty() ? options.owner : options.path;
+  asio::io_context io(1);
+  auto target = find_target(io, options, path);
   auto budget = parse_size(options.budget);
-  if (!owner || !budget) {
-    std::fprintf(stderr, "corma get: %s\n", (owner ? budget.error() : owner.error()).message().c_str());
-    return 2;
+  if (!target || !budget) {
+    std::fprintf(stderr, "corma get: %s\n", (target ? budget.error() : target.error()).message().c_str());
+    return target || target.error().is(errc::out_of_range) ? 2 : 1;
   }
+  const auto owner = target.value().owner;
   std::shared_ptr<Registry> registry;
   if (!options.no_rdma) {
-    auto from = source_address_towards(owner.value());
+    auto from = source_address_towards(owner);
     if (!from) {
       std::fprintf(stderr, "corma get: %s\n", from.error().message().c_str());
       return 1;
@@ -61,7 +94,6 @@ int run_get(const GetOptions& options) {
     }
   }
 
-  asio::io_context io(1);
   ConsumerConfig config;
   config.pull_window = options.pull_window;
   const bool terminal = ::isatty(STDOUT_FILENO) != 0;
@@ -80,11 +112,19 @@ int run_get(const GetOptions& options) {
     return 1;
   }
   const auto start = std::chrono::steady_clock::now();
+  std::string served_by;
   auto fetch = [&]() -> asio::awaitable<Result<FetchOutcome>> {
-    CORMA_CO_TRY(auto consumer, co_await Consumer::connect(io.get_executor(), owner.value(), registry, config));
     // Named, not a temporary inside the co_await: g++ 12 destroys those twice.
     auto destination = output.value().destination();
-    co_return co_await consumer->async_fetch_to(options.path, std::move(destination));
+    if (target.value().directory) {
+      ClusterConsumer cluster(io.get_executor(), target.value().directory, registry, config);
+      CORMA_CO_TRY(auto outcome, co_await cluster.async_fetch_to(path, std::move(destination)));
+      served_by = " from " + outcome.owner;
+      for (const auto& failed : outcome.failed) served_by += " (" + failed.owner + " failed: " + failed.error.message() + ")";
+      co_return std::move(outcome.fetch);
+    }
+    CORMA_CO_TRY(auto consumer, co_await Consumer::connect(io.get_executor(), owner, registry, config));
+    co_return co_await consumer->async_fetch_to(path, std::move(destination));
   };
   std::optional<Result<FetchOutcome>> outcome;
   auto finished = start;
@@ -105,7 +145,7 @@ int run_get(const GetOptions& options) {
   const double seconds = std::chrono::duration<double>(finished - start).count();
   if (terminal) std::printf("\n");
   if (!fetched) {
-    std::fprintf(stderr, "corma get: %s: %s\n", options.path.c_str(), fetched.error().message().c_str());
+    std::fprintf(stderr, "corma get: %s: %s\n", path.c_str(), fetched.error().message().c_str());
     return 1;
   }
   if (auto kept = output.value().keep(); !kept) {
@@ -115,8 +155,8 @@ int run_get(const GetOptions& options) {
   const auto& f = fetched.value();
   const std::string windows = f.windows > 0 ? " in " + std::to_string(f.windows) + " windows" : "";
   const std::string reason = f.reason ? " (" + f.reason_text() + ")" : "";
-  std::printf("corma get: %s -> %s: %s via %s%s%s, %.1f MB/s\n", options.path.c_str(), options.output.c_str(),
-              format_size(f.size).c_str(), to_string(f.path), windows.c_str(), reason.c_str(),
+  std::printf("corma get: %s -> %s: %s via %s%s%s%s, %.1f MB/s\n", path.c_str(), options.output.c_str(),
+              format_size(f.size).c_str(), to_string(f.path), windows.c_str(), reason.c_str(), served_by.c_str(),
               static_cast<double>(f.size) / seconds / 1e6);
   return 0;
 }

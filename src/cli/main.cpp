@@ -3,6 +3,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cstdio>
+
 int main(int argc, char** argv) {
   using namespace corma::cli;
   CLI::App app{"corma: asynchronous RDMA memory registration and remote memory access"};
@@ -44,10 +46,25 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.1, 86400.0))
       ->capture_default_str();
 
+  const auto add_directory = [](CLI::App* command, DirectoryOptions& directory) {
+    command->add_option("--directory", directory.address, "HOST:PORT of the etcd the cluster's owners announce in");
+    command->add_option("--directory-prefix", directory.key_prefix,
+                        "key prefix of this cluster in etcd (several clusters can share one)")
+        ->capture_default_str();
+  };
+  add_directory(serve_cmd, serve.directory);
+  serve_cmd->add_option("--owner-id", serve.owner_id, "this owner's id in the directory (default: HOST-PORT)");
+  serve_cmd->add_option("--announce", serve.announce,
+                        "a name prefix announced in the directory (repeatable; default: every file)");
+  serve_cmd->add_option("--announce-ttl", serve.announce_ttl_s,
+                        "seconds this owner's entries outlive it in the directory if it dies")
+      ->check(CLI::Range(1.0, 3600.0))
+      ->capture_default_str();
+
   GetOptions get;
   auto* get_cmd = app.add_subcommand("get", "fetch one file from a corma serve");
-  get_cmd->add_option("owner", get.owner, "HOST:PORT of the server")->required();
-  get_cmd->add_option("path", get.path, "relative path of the file on the server")->required();
+  get_cmd->add_option("owner", get.owner, "HOST:PORT of the server (with --directory: the path)")->required();
+  get_cmd->add_option("path", get.path, "relative path of the file on the server");
   get_cmd->add_option("-o,--output", get.output, "file to write")->required();
   get_cmd->add_option("--budget", get.budget, "registration budget for the destination")->capture_default_str();
   get_cmd->add_option("--transport", get.transport.transport, "tcp, shm (UCX) or verbs (first RDMA device)")
@@ -60,11 +77,26 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
 
+  add_directory(get_cmd, get.directory);
+
+  ListOptions list;
+  auto* ls_cmd = app.add_subcommand("ls", "list the names (and prefixes) the directory's owners announce");
+  add_directory(ls_cmd, list.directory);
+  ls_cmd->get_option("--directory")->required();
+  ls_cmd->add_option("prefix", list.prefix, "only names starting with this");
+
   auto* demo_cmd = app.add_subcommand("demo", "run an owner and consumers in one process and fetch a data set");
 
   CLI11_PARSE(app, argc, argv);
   if (*serve_cmd) return run_serve(serve);
-  if (*get_cmd) return run_get(get);
+  if (*get_cmd) {
+    if (get.directory.address.empty() && get.path.empty()) {
+      std::fprintf(stderr, "corma get: give OWNER PATH, or --directory ADDRESS PATH\n");
+      return 2;
+    }
+    return run_get(get);
+  }
+  if (*ls_cmd) return run_list(list);
   if (*demo_cmd) return run_demo();
   return 2;
 }

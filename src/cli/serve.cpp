@@ -1,6 +1,7 @@
 // corma serve: an Owner over the files of one directory.
 #include "address.hpp"
 #include "commands.hpp"
+#include "directory_options.hpp"
 #include "file_resolver.hpp"
 #include "metrics_server.hpp"
 #include "shut_down.hpp"
@@ -12,6 +13,7 @@
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <boost/asio/use_awaitable.hpp>
 
 #include <chrono>
 #include <cstdio>
@@ -93,6 +95,22 @@ int run_serve(const ServeOptions& options) {
     std::printf("corma serve: metrics on http://%s:%u/metrics\n",
                 metrics->local_endpoint().address().to_string().c_str(), metrics->local_endpoint().port());
   }
+  std::optional<Directory> directory;
+  if (!options.directory.address.empty()) {
+    auto config = directory_config(options.directory);
+    if (!config) {
+      std::fprintf(stderr, "corma serve: %s\n", config.error().message().c_str());
+      return 2;
+    }
+    directory.emplace(io.get_executor(), config.value());
+    const auto announcement = serve_announcement(options, bound, backend.value().rma);
+    std::printf("corma serve: announcing %s in the directory at %s under %s\n", announcement.owner.id.c_str(),
+                options.directory.address.c_str(), options.directory.key_prefix.c_str());
+    // Announced in the background: an owner serves whether or not etcd is up.
+    directory->async_announce(announcement, [](Result<void> announced) {
+      if (!announced) std::fprintf(stderr, "corma serve: not announced: %s\n", announced.error().message().c_str());
+    });
+  }
   std::fflush(stdout);
 
   // Shutdown: stop serving (connections closed, leases dropped), then the
@@ -105,12 +123,18 @@ int run_serve(const ServeOptions& options) {
   // was freed.
   bool clean = false;
   asio::signal_set signals(io, SIGINT, SIGTERM);
-  signals.async_wait([&](boost::system::error_code signalled, int) {
-    if (signalled) return;
+  auto stop_serving = [&]() -> asio::awaitable<bool> {
+    // Withdrawn first, so that consumers stop choosing this owner (bounded
+    // by the directory's request timeout when etcd is down).
+    if (directory) (void)co_await directory->async_withdraw(asio::use_awaitable);
     owner.stop();
     acceptor.close();
     if (metrics) metrics->close();
-    asio::co_spawn(io, shut_down(registry, "corma serve"), [&](std::exception_ptr, bool ok) {
+    co_return co_await shut_down(registry, "corma serve");
+  };
+  signals.async_wait([&](boost::system::error_code signalled, int) {
+    if (signalled) return;
+    asio::co_spawn(io, stop_serving(), [&](std::exception_ptr, bool ok) {
       clean = ok;
       io.stop();
     });

@@ -1,0 +1,55 @@
+#include "directory_options.hpp"
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/use_future.hpp>
+
+#include <unistd.h>
+
+#include <cstdio>
+
+namespace corma::cli {
+
+namespace asio = boost::asio;
+
+Result<DirectoryConfig> directory_config(const DirectoryOptions& options) {
+  CORMA_TRY(auto config, parse_directory_address(options.address));
+  config.key_prefix = options.key_prefix;
+  return config;
+}
+
+Announcement serve_announcement(const ServeOptions& options, const asio::ip::tcp::endpoint& bound, bool rdma) {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "localhost");
+  Announcement a;
+  a.owner.id = options.owner_id.empty() ? std::string(host) + "-" + std::to_string(bound.port()) : options.owner_id;
+  a.owner.host = bound.address().to_string();
+  a.owner.port = bound.port();
+  a.owner.machine = host;
+  a.owner.transport = rdma ? options.transport.transport : "none";
+  a.owner.protocol_version = 3;
+  a.prefixes = options.announce.empty() ? std::vector<std::string>{""} : options.announce;
+  a.ttl = std::chrono::seconds(std::max<long>(1, static_cast<long>(options.announce_ttl_s)));
+  return a;
+}
+
+int run_list(const ListOptions& options) {
+  auto config = directory_config(options.directory);
+  if (!config) {
+    std::fprintf(stderr, "corma ls: %s\n", config.error().message().c_str());
+    return 2;
+  }
+  asio::io_context io(1);
+  Directory directory(io.get_executor(), config.value());
+  auto listed = directory.async_list(options.prefix, asio::use_future);
+  io.run();
+  auto listing = listed.get();
+  if (!listing) {
+    std::fprintf(stderr, "corma ls: %s\n", listing.error().message().c_str());
+    return 1;
+  }
+  for (const auto& entry : listing.value()) std::printf("%s\t%s\n", entry.name.c_str(), entry.owner.c_str());
+  return 0;
+}
+
+}  // namespace corma::cli

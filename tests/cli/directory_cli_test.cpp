@@ -1,0 +1,92 @@
+// `corma serve --directory`, `corma get --directory` and `corma ls` as real
+// processes against a real etcd: owners announce themselves, a get needs
+// no owner address, and an owner killed (SIGKILL) in the middle of a fetch
+// is replaced by a replica, the file arriving byte for byte.
+#include "cli/processes.hpp"
+#include "directory/etcd_server.hpp"
+
+#include <signal.h>
+
+#include <thread>
+
+namespace corma::cli::testing {
+namespace {
+
+class DirectoryCli : public TwoProcesses {
+ protected:
+  corma::testing::EtcdServer etcd;
+  std::string directory;
+
+  void SetUp() override {
+    if (auto missing = corma::testing::EtcdServer::missing()) GTEST_SKIP() << *missing;
+    TwoProcesses::SetUp();
+    ASSERT_TRUE(etcd.start()) << "etcd did not start";
+    directory = "127.0.0.1:" + std::to_string(etcd.config("").port);
+  }
+
+  Process announced_owner(const std::string& id) {
+    auto owner = serve({"--directory", directory, "--owner-id", id, "--announce-ttl", "2"});
+    EXPECT_TRUE(owner.wait_for_output("announcing " + id)) << owner.captured;
+    return owner;
+  }
+
+  /// Runs `corma` with `args` to its end; its exit status and output.
+  std::pair<int, std::string> run_corma(std::vector<std::string> args) {
+    args.insert(args.begin(), binary);
+    auto process = Process::start(args);
+    auto status = process.wait_exit(std::chrono::seconds(30));
+    return {status.value_or(-1), process.captured};
+  }
+};
+
+TEST_F(DirectoryCli, AGetNeedsNoOwnerAddressAndLsListsWhatIsAnnounced) {
+  write_file(root / "sub" / "model.bin", std::vector<char>(100000, 'm'));
+  auto owner = announced_owner("owner-one");
+  auto [listed_status, listing] = run_corma({"ls", "--directory", directory});
+  EXPECT_EQ(listed_status, 0) << listing;
+  EXPECT_NE(listing.find("owner-one"), std::string::npos) << listing;
+  const auto out = base / "model.out";
+  auto [status, output] = run_corma({"get", "--directory", directory, "sub/model.bin", "-o", out.string()});
+  ASSERT_EQ(status, 0) << output;
+  EXPECT_NE(output.find("from owner-one"), std::string::npos) << output;
+  EXPECT_EQ(read_file(out), read_file(root / "sub" / "model.bin"));
+  auto [missing_status, missing] =
+      run_corma({"get", "--directory", directory, "sub/none", "-o", (base / "none.out").string()});
+  EXPECT_EQ(missing_status, 1) << missing;
+}
+
+TEST_F(DirectoryCli, AnOwnerKilledMidFetchIsReplacedByAReplicaAndTheFileArrivesWhole) {
+  std::vector<char> content(256u << 20);
+  for (std::size_t i = 0; i < content.size(); i += 4096) content[i] = static_cast<char>(i / 4096 * 7);
+  write_file(root / "big.bin", content);
+  auto first = announced_owner("owner-a");
+  auto second = announced_owner("owner-b");
+  const auto metrics_a = static_cast<unsigned short>(std::stoi(port_after(first.captured, "metrics on http://")));
+  const auto metrics_b = static_cast<unsigned short>(std::stoi(port_after(second.captured, "metrics on http://")));
+  const auto out = base / "big.out";
+  auto get = Process::start({binary, "get", "--directory", directory, "big.bin", "-o", out.string(), "--no-rdma",
+                             "--pull-window", "1"});
+  // Whichever owner the directory ranked first is serving it: kill that one
+  // once it has sent some chunks.
+  Process* serving = nullptr;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (serving == nullptr && std::chrono::steady_clock::now() < until) {
+    if (metric(http_get(metrics_a, "/metrics"), "corma_owner_pulls_total") > 2) serving = &first;
+    if (metric(http_get(metrics_b, "/metrics"), "corma_owner_pulls_total") > 2) serving = &second;
+  }
+  ASSERT_NE(serving, nullptr) << "no owner started serving";
+  ::kill(serving->pid, SIGKILL);
+  const auto killed = std::chrono::steady_clock::now();
+  auto status = get.wait_exit(std::chrono::seconds(20));
+  const auto finished = std::chrono::steady_clock::now();
+  ASSERT_EQ(status.value_or(-1), 0) << get.captured;
+  const std::string killed_id = serving == &first ? "owner-a" : "owner-b";
+  const std::string other_id = serving == &first ? "owner-b" : "owner-a";
+  EXPECT_NE(get.captured.find("from " + other_id + " (" + killed_id + " failed"), std::string::npos) << get.captured;
+  EXPECT_LT(finished - killed, std::chrono::seconds(2) + std::chrono::milliseconds(1500))
+      << "the replica took over too late (the rest of the file is read after the kill)";
+  EXPECT_EQ(read_file(out), content);
+}
+
+}  // namespace
+}  // namespace corma::cli::testing
