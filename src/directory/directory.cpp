@@ -5,6 +5,7 @@
 #include <corma/directory.hpp>
 
 #include "etcd_client.hpp"
+#include "key_watch.hpp"
 #include "records.hpp"
 
 #include <boost/asio/as_tuple.hpp>
@@ -124,16 +125,67 @@ struct Directory::State : std::enable_shared_from_this<State> {
   struct Cached {
     std::vector<directory::KeyValue> kvs;
     clock_type::time_point read;
+    std::uint64_t epoch = 0;  ///< the watch's epoch it was read in (0: no live watch)
   };
+  /// Watches the whole key prefix once anything was resolved: a change
+  /// drops what it touches from the cache, so an entry read while the
+  /// watch is live stays good until a change comes (a deleted owner leaves
+  /// at once). Read while it is not live, an entry is good for cache_ttl.
+  std::shared_ptr<directory::KeyWatch> watch;
+  bool watch_live = false;
+  std::uint64_t watch_epoch = 0;
+  std::uint64_t changes_seen = 0;  ///< changes the watch reported, ever
+
+  void start_watch() {
+    if (watch) return;
+    directory::KeyWatch::Callbacks callbacks;
+    callbacks.changed = [weak = weak_from_this()](const std::string& key) {
+      if (auto self = weak.lock()) self->forget(key);
+    };
+    callbacks.live = [weak = weak_from_this()](bool live) {
+      auto self = weak.lock();
+      if (!self) return;
+      self->watch_live = live;
+      if (live) ++self->watch_epoch;  // what was read before may have missed changes
+    };
+    watch = std::make_shared<directory::KeyWatch>(executor, config.host, config.port, config.key_prefix + "/",
+                                                  std::chrono::milliseconds(500), std::move(callbacks));
+    watch->start();
+  }
+
+  /// A key changed: the cache's entry for its family goes.
+  void forget(const std::string& key) {
+    ++changes_seen;
+    if (key.starts_with(directory::owners_prefix(config))) {
+      cache.erase(directory::owners_prefix(config));
+    } else if (auto name = directory::split_name_key(key, directory::names_prefix(config))) {
+      cache.erase(directory::name_key(config, name->name, ""));
+    } else if (key.starts_with(directory::prefixes_prefix(config))) {
+      cache.erase(directory::prefixes_prefix(config));
+    }
+  }
+
+  [[nodiscard]] bool fresh(const Cached& entry, clock_type::time_point now) const {
+    // Read under a watch: good exactly while that watch lives. Read without
+    // one: good for cache_ttl.
+    if (entry.epoch != 0) return watch_live && entry.epoch == watch_epoch;
+    return now - entry.read < config.cache_ttl;
+  }
   std::map<std::string, Cached, std::less<>> cache;
   static constexpr std::size_t max_cached_families = 65536;
 
   /// The keys under `prefix`: from the cache while fresh, else from etcd;
   /// from the old cache entry when etcd cannot be reached (`stale` set).
   asio::awaitable<Result<std::vector<directory::KeyValue>>> keys_under(const std::string& prefix, bool& stale) {
+    start_watch();
     auto it = cache.find(prefix);
     const auto now = clock_type::now();
-    if (it != cache.end() && now - it->second.read < config.cache_ttl) co_return it->second.kvs;
+    if (it != cache.end() && fresh(it->second, now)) {
+      ++stats.cache_hits;
+      co_return it->second.kvs;
+    }
+    const auto epoch = watch_live ? watch_epoch : 0;
+    const auto changes_before = changes_seen;
     auto read = co_await client.range_prefix(prefix);
     if (!read) {
       ++stats.etcd_failures;
@@ -146,6 +198,9 @@ struct Directory::State : std::enable_shared_from_this<State> {
     auto& entry = cache[prefix];
     entry.kvs = std::move(read).value().kvs;
     entry.read = now;
+    // Good while the watch that was live before the read stays live, unless
+    // a change came during the read (the read may predate it).
+    entry.epoch = watch_live && watch_epoch == epoch && changes_seen == changes_before ? epoch : 0;
     co_return entry.kvs;
   }
 };
@@ -156,11 +211,16 @@ Directory::Directory(asio::any_io_executor executor, DirectoryConfig config)
 Directory::~Directory() {
   state_->announcement.reset();
   state_->renewal.cancel();
+  if (state_->watch) state_->watch->stop();
 }
 
 asio::any_io_executor Directory::executor() const { return state_->executor; }
 
-DirectoryStats Directory::stats() const { return state_->stats; }
+DirectoryStats Directory::stats() const {
+  auto stats = state_->stats;
+  stats.watching = state_->watch_live;
+  return stats;
+}
 
 asio::awaitable<Result<void>> Directory::announce(Announcement announcement) {
   auto state = state_;

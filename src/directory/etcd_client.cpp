@@ -68,23 +68,29 @@ asio::awaitable<Result<beast::tcp_stream>> EtcdClient::connection() {
 }
 
 asio::awaitable<Result<Json>> EtcdClient::call(const char* path, const Json& body) {
+  // A connection kept from an earlier call may have been closed by etcd
+  // (restarted, or idle too long): that one failure is retried once on a
+  // fresh connection.
+  const bool reused = !idle_.empty();
+  auto answer = co_await call_once(path, body);
+  if (!answer && reused && answer.error().is(errc::peer_unreachable)) answer = co_await call_once(path, body);
+  co_return answer;
+}
+
+asio::awaitable<Result<Json>> EtcdClient::call_once(const char* path, const Json& body) {
   CORMA_CO_TRY(auto stream, co_await connection());
-  http::request<http::string_body> request{http::verb::post, std::string(path), 11};
+  http::request<http::string_body> request{http::verb::post, path, 11};
   request.set(http::field::host, host_);
   request.set(http::field::content_type, "application/json");
   request.keep_alive(true);
   request.body() = body.dump();
   request.prepare_payload();
   stream.expires_after(timeout_);
-  if (auto [ec, n] = co_await http::async_write(stream, request, as_result); ec) {
-    co_return unreachable(std::string(path), ec);
-  }
+  if (auto [ec, n] = co_await http::async_write(stream, request, as_result); ec) co_return unreachable(path, ec);
   beast::flat_buffer buffer;
   http::response_parser<http::string_body> parser;
   parser.body_limit(64 << 20);
-  if (auto [ec, n] = co_await http::async_read(stream, buffer, parser, as_result); ec) {
-    co_return unreachable(std::string(path), ec);
-  }
+  if (auto [ec, n] = co_await http::async_read(stream, buffer, parser, as_result); ec) co_return unreachable(path, ec);
   auto response = parser.release();
   Json answer = Json::parse(response.body(), nullptr, false);
   if (answer.is_discarded()) co_return fail(errc::protocol, "etcd: " + std::string(path) + " answered no JSON");

@@ -61,6 +61,7 @@ class EtcdClient {
 
  private:
   boost::asio::awaitable<Result<boost::beast::tcp_stream>> connection();
+  boost::asio::awaitable<Result<Json>> call_once(const char* path, const Json& body);
 
   boost::asio::any_io_executor executor_;
   std::string host_;

@@ -137,6 +137,54 @@ TEST_F(DirectoryTest, ALeaseEtcdLostIsGrantedAgainAndTheAnnouncementRestored) {
   EXPECT_EQ(announcing.stats().leases_granted, 2u);
 }
 
+TEST_F(DirectoryTest, TheWatchDropsAWithdrawnOwnerFromTheCacheAtOnce) {
+  auto watched = config();
+  watched.cache_ttl = std::chrono::hours(1);  // only the watch can make the cache forget
+  corma::Directory consumer(io.get_executor(), watched);
+  corma::Directory a(io.get_executor(), config("host-a"));
+  corma::Directory b(io.get_executor(), config("host-b"));
+  ASSERT_TRUE(corma::testing::run(io, a.async_announce(owner("owner-a", "host-a", 0, {"obj"}))));
+  ASSERT_TRUE(corma::testing::run(io, b.async_announce(owner("owner-b", "host-b", 1, {"obj"}))));
+  // Resolved until the watch is live and the answer cached under it.
+  ASSERT_TRUE(resolves_eventually(
+      consumer, "obj", [](const auto& ids) { return ids.size() == 2; }, std::chrono::seconds(5)));
+  ASSERT_TRUE(resolves_eventually(
+      consumer, "obj", [&](const auto&) { return consumer.stats().cache_hits >= 3; }, std::chrono::seconds(5)))
+      << "the answer is not served from the cache";
+  ASSERT_TRUE(corma::testing::run(io, a.async_withdraw()));
+  const auto withdrawn = std::chrono::steady_clock::now();
+  EXPECT_TRUE(resolves_eventually(
+      consumer, "obj", [](const auto& ids) { return ids == std::vector<std::string>{"owner-b"}; },
+      std::chrono::seconds(5)));
+  EXPECT_LT(std::chrono::steady_clock::now() - withdrawn, std::chrono::seconds(1))
+      << "the cache kept a withdrawn owner";
+}
+
+TEST_F(DirectoryTest, ALostWatchIsReestablishedAndWhatWasCachedIsCheckedAgain) {
+  auto watched = config();
+  watched.cache_ttl = std::chrono::hours(1);
+  corma::Directory consumer(io.get_executor(), watched);
+  {
+    corma::Directory a(io.get_executor(), config("host-a"));
+    ASSERT_TRUE(corma::testing::run(io, a.async_announce(owner("owner-a", "host-a", 0, {"obj"}))));
+    ASSERT_TRUE(resolves_eventually(
+        consumer, "obj", [&](const auto& ids) { return ids.size() == 1 && consumer.stats().cache_hits >= 3; },
+        std::chrono::seconds(5)));
+    EXPECT_TRUE(consumer.stats().watching);
+    etcd.stop();
+    // The watch broke (noticed as its connection closes): what it vouched
+    // for is no longer trusted, but is all there is while etcd is down.
+    EXPECT_TRUE(resolves_eventually(
+        consumer, "obj", [&](const auto&) { return !consumer.stats().watching; }, std::chrono::seconds(5)));
+    EXPECT_EQ(resolve_ids(consumer, "obj"), (std::vector<std::string>{"owner-a"}));
+    EXPECT_GE(consumer.stats().stale_resolutions, 1u);
+    ASSERT_TRUE(etcd.start()) << "etcd did not start again";
+    ASSERT_TRUE(corma::testing::run(io, a.async_withdraw()));
+  }
+  EXPECT_TRUE(resolves_eventually(consumer, "obj", [](const auto& ids) { return ids.empty(); }, std::chrono::seconds(5)))
+      << "a deletion made while the watch was down was never seen";
+}
+
 TEST_F(DirectoryTest, WhileEtcdIsDownResolutionsComeFromTheCacheAndSaySo) {
   corma::Directory announcing(io.get_executor(), config("host-a"));
   ASSERT_TRUE(corma::testing::run(io, announcing.async_announce(owner("owner-a", "host-a", 0, {"cached"}))));

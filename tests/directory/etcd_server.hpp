@@ -48,7 +48,9 @@ class EtcdServer {
         {binary, "--name", "corma-test", "--data-dir", data_.string(), "--listen-client-urls", client,
          "--advertise-client-urls", client, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
          "--initial-cluster", "corma-test=" + peer, "--log-level", "info"}));
-    return process_->wait_for_output("ready to serve client requests", std::chrono::seconds(20));
+    if (process_->wait_for_output("ready to serve client requests", std::chrono::seconds(20))) return true;
+    ADD_FAILURE() << "etcd said:\n" << process_->captured;
+    return false;
   }
 
   /// Stops it as a crash would (SIGKILL): clients see it gone at once.

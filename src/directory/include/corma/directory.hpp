@@ -78,6 +78,9 @@ struct DirectoryStats {
   std::uint64_t etcd_failures = 0;
   std::uint64_t leases_granted = 0;  ///< more than one: etcd lost the lease and it was announced again
   bool announced = false;
+  /// The watch that keeps the cache fresh is live: a cached answer read
+  /// under it stands until etcd reports a change to it.
+  bool watching = false;
 };
 
 /// Runs on one executor, like Owner and Consumer; its operations are Asio

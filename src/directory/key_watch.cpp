@@ -1,0 +1,129 @@
+#include "key_watch.hpp"
+
+#include "etcd_client.hpp"
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
+#include <boost/beast/http.hpp>
+
+namespace corma::directory {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+
+namespace {
+
+constexpr auto as_result = asio::as_tuple(asio::use_awaitable);
+
+}  // namespace
+
+struct KeyWatch::Stream {
+  explicit Stream(asio::any_io_executor executor) : socket(std::move(executor)) {}
+  beast::tcp_stream socket;
+};
+
+KeyWatch::KeyWatch(asio::any_io_executor executor, std::string host, std::uint16_t port, std::string prefix,
+                   std::chrono::milliseconds retry, Callbacks callbacks)
+    : executor_(executor),
+      host_(std::move(host)),
+      port_(port),
+      prefix_(std::move(prefix)),
+      retry_(retry),
+      callbacks_(std::move(callbacks)),
+      pause_(executor) {}
+
+void KeyWatch::start() {
+  asio::co_spawn(executor_, [self = shared_from_this()]() { return self->run(); }, asio::detached);
+}
+
+void KeyWatch::stop() {
+  stopped_ = true;
+  callbacks_ = {};
+  pause_.cancel();
+  if (stream_) {
+    boost::system::error_code ignored;
+    stream_->socket.socket().close(ignored);
+  }
+}
+
+asio::awaitable<void> KeyWatch::run() {
+  auto self = shared_from_this();
+  while (!stopped_) {
+    co_await watch_once();
+    if (stopped_) co_return;
+    if (live_ && callbacks_.live) callbacks_.live(false);
+    live_ = false;
+    pause_.expires_after(retry_);
+    (void)co_await pause_.async_wait(as_result);
+  }
+}
+
+asio::awaitable<bool> KeyWatch::watch_once() {
+  boost::system::error_code ec;
+  const auto address = asio::ip::make_address(host_, ec);
+  if (ec) co_return false;
+  stream_ = std::make_shared<Stream>(executor_);
+  auto stream = stream_;
+  stream->socket.expires_after(std::chrono::seconds(5));
+  if (auto [connected] = co_await stream->socket.async_connect(asio::ip::tcp::endpoint(address, port_), as_result);
+      connected || stopped_) {
+    co_return false;
+  }
+  const Json create{{"create_request", {{"key", to_base64(prefix_)}, {"range_end", to_base64(prefix_end(prefix_))}}}};
+  http::request<http::string_body> request{http::verb::post, "/v3/watch", 11};
+  request.set(http::field::host, host_);
+  request.set(http::field::content_type, "application/json");
+  request.body() = create.dump();
+  request.prepare_payload();
+  if (auto [written, n] = co_await http::async_write(stream->socket, request, as_result); written || stopped_) {
+    co_return false;
+  }
+  // The stream has no end: no deadline from here on; a dead etcd closes it
+  // (or, across a partition, the connection's own keep-alive does).
+  stream->socket.expires_never();
+  beast::flat_buffer buffer;
+  http::response_parser<http::string_body> parser;
+  parser.body_limit(boost::none);
+  if (auto [read, n] = co_await http::async_read_header(stream->socket, buffer, parser, as_result);
+      read || stopped_ || parser.get().result() != http::status::ok) {
+    co_return false;
+  }
+  for (;;) {
+    auto& body = parser.get().body();
+    for (auto newline = body.find('\n'); newline != std::string::npos; newline = body.find('\n')) {
+      const auto line = body.substr(0, newline);
+      body.erase(0, newline + 1);
+      if (!take(line)) co_return live_;
+      if (stopped_) co_return live_;
+    }
+    if (parser.is_done()) co_return live_;
+    auto [read, n] = co_await http::async_read_some(stream->socket, buffer, parser, as_result);
+    if (read || stopped_) co_return live_;
+  }
+}
+
+bool KeyWatch::take(const std::string& line) {
+  auto message = Json::parse(line, nullptr, false);
+  if (message.is_discarded() || !message.contains("result")) return false;
+  const auto& result = message["result"];
+  if (result.value("canceled", false)) return false;
+  if (result.value("created", false) && !live_) {
+    live_ = true;
+    if (callbacks_.live) callbacks_.live(true);
+  }
+  if (!result.contains("events")) return true;
+  for (const auto& event : result["events"]) {
+    if (!event.contains("kv")) continue;
+    auto key = from_base64(event["kv"].value("key", ""));
+    if (key && callbacks_.changed) callbacks_.changed(key.value());
+  }
+  return true;
+}
+
+}  // namespace corma::directory
