@@ -20,6 +20,10 @@ Result<std::shared_ptr<Backend>> create_over(const Config& config, std::shared_p
     return fail(errc::not_configured,
                 "verbs: the send queue depth must be at least 1 and at most the completion queue depth");
   }
+  if (config.completion_queue_depth < Mailbox::receive_depth) {
+    return fail(errc::not_configured, "verbs: the completion queue depth must be at least " +
+                                          std::to_string(Mailbox::receive_depth) + " (one peer's receive queue)");
+  }
   return Backend::Engine::start_backend(config, std::move(api));
 }
 

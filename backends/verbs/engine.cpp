@@ -5,12 +5,14 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <numeric>
 #include <string>
+#include <utility>
 
 namespace corma::verbs {
 namespace {
@@ -52,6 +54,7 @@ bool is_fetch_add(AtomicOp op) { return op == AtomicOp::add || op == AtomicOp::f
 
 /// What a failed work request was doing, for its error's detail.
 std::string describe_work(const VerbsTransferOp& op) {
+  if (op.kind == TransferKind::notify) return "SEND (notification)";
   if (op.kind == TransferKind::atomic) {
     char where[32];
     std::snprintf(where, sizeof where, "0x%llx", static_cast<unsigned long long>(op.atomic.remote_addr));
@@ -74,6 +77,10 @@ Result<wire::RemoteKey> key_named(const TransferKey& named, const std::map<Remot
 
 constexpr std::uint32_t max_chain = 16;  // work requests per ibv_post_send call
 constexpr int poll_batch = 32;
+/// Closed peers kept receive-only, to refuse (and count) what they still
+/// send; each keeps its receive queue, so the bound also bounds the receive
+/// CQ room they hold.
+constexpr std::size_t max_lingering_peers = 16;
 
 }  // namespace
 
@@ -98,9 +105,11 @@ Result<void> Backend::Engine::start() {
     if (pd == nullptr) return call_failed(errc::not_configured, "ibv_alloc_pd", errno);
     channel = own<OwnedChannel>(*api, api->create_comp_channel(context));
     if (channel == nullptr) return call_failed(errc::not_configured, "ibv_create_comp_channel", errno);
-    cq = own<OwnedCq>(*api, api->create_cq(context, static_cast<int>(config.completion_queue_depth), nullptr,
-                                            channel.get(), 0));
+    const auto cq_depth = static_cast<int>(config.completion_queue_depth);
+    cq = own<OwnedCq>(*api, api->create_cq(context, cq_depth, nullptr, channel.get(), 0));
     if (cq == nullptr) return call_failed(errc::not_configured, "ibv_create_cq", errno);
+    recv_cq = own<OwnedCq>(*api, api->create_cq(context, cq_depth, nullptr, channel.get(), 0));
+    if (recv_cq == nullptr) return call_failed(errc::not_configured, "ibv_create_cq (receives)", errno);
     if (atomics_supported) {
       CORMA_TRY(register_scratch());
     }
@@ -124,8 +133,9 @@ void Backend::Engine::tear_down() {
   if (async_wake) async_wake->close(ignored);
   cq_wake.reset();
   async_wake.reset();
-  if (cq != nullptr) consume_cq_events();  // every event acknowledged, or destroying the CQ blocks
+  consume_cq_events();  // every event acknowledged, or destroying a CQ blocks
   cq.reset();
+  recv_cq.reset();
   channel.reset();
   scratch_mr.reset();  // after every queue pair that could write into it
   pd.reset();
@@ -190,11 +200,11 @@ Result<void> Backend::Engine::provider_unmap(void* handle) {
 Result<OwnedQp> Backend::Engine::create_qp() {
   ibv_qp_init_attr init{};
   init.send_cq = cq.get();
-  init.recv_cq = cq.get();
+  init.recv_cq = recv_cq.get();
   init.qp_type = IBV_QPT_RC;
   init.sq_sig_all = 0;
   init.cap.max_send_wr = config.send_queue_depth;
-  init.cap.max_recv_wr = 1;
+  init.cap.max_recv_wr = Mailbox::receive_depth;
   init.cap.max_send_sge = 1;
   init.cap.max_recv_sge = 1;
   errno = 0;
@@ -254,13 +264,35 @@ Result<void> Backend::Engine::connect_qp(ibv_qp* qp, const wire::QpEndpoint& loc
   return success();
 }
 
+Result<void> Backend::Engine::room_for_peer() const {
+  // Every peer, lingering closed ones included, keeps its whole receive
+  // queue posted; the receive CQ holds all of them.
+  if ((peers.size() + 1) * Mailbox::receive_depth > config.completion_queue_depth) {
+    return fail(errc::budget_exceeded,
+                "verbs: the receive completion queue has no room for another peer's " +
+                    std::to_string(Mailbox::receive_depth) + " receives (completion_queue_depth " +
+                    std::to_string(config.completion_queue_depth) + ")");
+  }
+  return success();
+}
+
 Result<PeerId> Backend::Engine::add_peer(OwnedQp qp, const wire::QpEndpoint& local) {
+  CORMA_TRY(auto mailbox, Mailbox::create(*api, pd.get()));
   const PeerId id{new_id()};
   peer_by_qp_num.emplace(qp->qp_num, id);
-  Peer peer;
-  peer.qp = std::move(qp);
-  peer.local = local;
-  peers.emplace(id, std::move(peer));
+  Peer fresh;
+  fresh.id = id;
+  fresh.mailbox = std::move(mailbox);
+  fresh.qp = std::move(qp);
+  fresh.local = local;
+  auto& peer = peers.emplace(id, std::move(fresh)).first->second;
+  // Posted in INIT, before the other side can reach the queue pair: its
+  // first SEND finds a receive.
+  for (std::uint32_t slot = 0; slot < Mailbox::receive_depth && !peer.broken; ++slot) post_receive(peer, slot);
+  if (peer.broken) {
+    destroy_peer(peers.find(id));
+    return fail(errc::backend, "verbs: ibv_post_recv refused a new queue pair's receives");
+  }
   return id;
 }
 
@@ -278,12 +310,40 @@ void Backend::Engine::break_peer(Peer& peer, const Error& why) {
     (void)api->modify_qp(peer.qp.get(), &attr, IBV_QP_STATE);  // already there when the NIC put it there
   }
   peer.broken = true;
+  // Their receives flush with the queue pair: no credit is returned.
+  peer.acks_due.clear();
+  stop_sending(peer, why);
+}
+
+void Backend::Engine::stop_sending(Peer& peer, const Error& why) {
   auto backlog = std::move(peer.backlog);
   peer.backlog.clear();
   for (auto& op : backlog) abandon_unposted(*op, why);
-  // Posted work still flushes, but what it did is now unknowable: the
-  // flushes waiting for it are answered now, like the backlog.
+  // Posted work still completes (or flushes), but what it did is now
+  // unknowable: the flushes waiting for it are answered now, like the
+  // backlog, and so are notifications whose acknowledgement may not come.
   fail_flushes(peer, why);
+  fail_unacknowledged(peer, why);
+}
+
+bool Backend::Engine::linger(Peer& peer, const Error& why) {
+  // A transfer still posted can only be ended by the error state.
+  if (!peer.connected || peer.broken || peer.outstanding != peer.acks_in_flight) return false;
+  // No remote access any more: a closed peer's reads and writes fail (and
+  // break the connection); only its SENDs are still taken, to be refused.
+  ibv_qp_attr attr{};
+  attr.qp_access_flags = 0;
+  if (api->modify_qp(peer.qp.get(), &attr, IBV_QP_ACCESS_FLAGS) != 0) return false;
+  stop_sending(peer, why);
+  lingering.push_back(peer.id);
+  while (lingering.size() > max_lingering_peers) {
+    auto oldest = peers.find(lingering.front());
+    lingering.pop_front();
+    if (oldest == peers.end() || oldest->second.broken) continue;  // gone already
+    break_peer(oldest->second, Error{errc::peer_unreachable, "verbs: closed peer no longer kept"});
+    if (drained(oldest->second)) destroy_peer(oldest);
+  }
+  return true;
 }
 
 namespace {
@@ -323,10 +383,12 @@ void Backend::Engine::run_release_key(const std::shared_ptr<VoidOp>& op, RemoteK
 
 void Backend::Engine::run_peer_offer(const std::shared_ptr<ValueOp<PeerOffer>>& op) {
   if (closed()) return op->completion.dispatch(shut_down_error());
+  if (auto room = room_for_peer(); !room) return op->completion.dispatch(std::move(room).error());
   auto qp = create_qp();
   if (!qp) return op->completion.dispatch(std::move(qp).error());
   const auto local = describe(device, *qp.value().get(), psn_source() & 0xffffffU, path_mtu_bytes(config, device.port_attr));
   auto id = add_peer(std::move(qp).value(), local);
+  if (!id) return op->completion.dispatch(std::move(id).error());
   op->completion.dispatch(PeerOffer{id.value(), wire::encode_endpoint(local)});
 }
 
@@ -334,14 +396,21 @@ void Backend::Engine::run_peer_accept(const std::shared_ptr<ValueOp<PeerAnswer>>
   if (closed()) return op->completion.dispatch(shut_down_error());
   auto remote = wire::decode_endpoint(op->blob);
   if (!remote) return op->completion.dispatch(std::move(remote).error());
+  if (auto room = room_for_peer(); !room) return op->completion.dispatch(std::move(room).error());
   auto qp = create_qp();
   if (!qp) return op->completion.dispatch(std::move(qp).error());
   const auto local = describe(device, *qp.value().get(), psn_source() & 0xffffffU, path_mtu_bytes(config, device.port_attr));
-  if (auto connected = connect_qp(qp.value().get(), local, remote.value()); !connected) {
+  // The receives go in before the queue pair can receive.
+  auto id = add_peer(std::move(qp).value(), local);
+  if (!id) return op->completion.dispatch(std::move(id).error());
+  auto& peer = peers.at(id.value());
+  if (auto connected = connect_qp(peer.qp.get(), local, remote.value()); !connected) {
+    peer.closed = true;  // goes once its receives have flushed
+    break_peer(peer, connected.error());
+    if (drained(peer)) destroy_peer(peers.find(id.value()));
     return op->completion.dispatch(std::move(connected).error());
   }
-  auto id = add_peer(std::move(qp).value(), local);
-  peers.at(id.value()).connected = true;
+  peer.connected = true;
   op->completion.dispatch(PeerAnswer{id.value(), wire::encode_endpoint(local)});
 }
 
@@ -350,6 +419,7 @@ void Backend::Engine::run_peer_complete(const std::shared_ptr<ValueOp<void>>& op
   auto it = peers.find(op->peer);
   if (it == peers.end()) return op->completion.dispatch(fail(errc::peer_unreachable, "no pending peer with that id"));
   auto& peer = it->second;
+  if (peer.closed) return op->completion.dispatch(fail(errc::peer_unreachable, "no pending peer with that id"));
   if (peer.connected || peer.broken) return op->completion.dispatch(fail(errc::protocol, "peer is already connected"));
   auto remote = wire::decode_endpoint(op->blob);
   if (!remote) return op->completion.dispatch(std::move(remote).error());
@@ -365,18 +435,21 @@ void Backend::Engine::run_peer_close(const std::shared_ptr<VoidOp>& op, PeerId i
   auto it = peers.find(id);
   if (it == peers.end()) return answer(*op, success());  // idempotent
   auto& peer = it->second;
-  if (peer.close_waiter) return answer(*op, success());  // already closing
-  break_peer(peer, Error{errc::peer_unreachable, "verbs: peer closed"});
-  // Posted work flushes before the queue pair may go.
+  if (peer.closed) return answer(*op, success());  // already closed or closing
+  peer.closed = true;
+  const Error why{errc::peer_unreachable, "verbs: peer closed"};
+  if (linger(peer, why)) return answer(*op, success());
+  break_peer(peer, why);
+  // Posted work (receives too) flushes before the queue pair may go.
   peer.close_waiter = op;
-  if (peer.outstanding == 0) destroy_peer(it);
+  if (drained(peer)) destroy_peer(it);
 }
 
 // ---- transfers ----
 
 Result<const Backend::Engine::Peer*> Backend::Engine::usable_peer(PeerId id) const {
   auto peer = peers.find(id);
-  if (peer == peers.end() || peer->second.close_waiter) return fail(errc::peer_unreachable, "unknown peer");
+  if (peer == peers.end() || peer->second.closed) return fail(errc::peer_unreachable, "unknown peer");
   if (peer->second.broken) return fail(errc::peer_unreachable, "peer is broken");
   if (!peer->second.connected) return fail(errc::peer_unreachable, "peer set-up is not complete");
   return &peer->second;
@@ -448,16 +521,14 @@ void Backend::Engine::run_flush(const std::shared_ptr<VerbsTransferOp>& op) {
   peer.flushes.push_back({op->id, peer.admitted, peer.unfinished});
 }
 
-void Backend::Engine::run_notify(const std::shared_ptr<VerbsTransferOp>& op) {
-  // Not carried over verbs yet (it needs a receive path: SEND with
-  // immediate data, or a flush and a write into a peer's mailbox).
-  answer(*op, fail(errc::not_configured, "verbs backend has no notifications yet"));
-}
-
 void Backend::Engine::enqueue(const std::shared_ptr<VerbsTransferOp>& op) {
   auto& peer = peers.at(op->request.peer);
   op->admission = ++peer.admitted;
   ++peer.unfinished;
+  push_backlog(op, peer);
+}
+
+void Backend::Engine::push_backlog(const std::shared_ptr<VerbsTransferOp>& op, Peer& peer) {
   // Posted at the turn's progress(), chained with the rest of this turn's
   // work to the peer (a batch's elements go in as few posts as the queues
   // allow).
@@ -483,58 +554,78 @@ void Backend::Engine::pump_pending() {
 }
 
 void Backend::Engine::pump(Peer& peer) {
+  post_acks(peer);
   while (!peer.backlog.empty() && !peer.broken) {
-    const std::uint32_t queue_room = config.send_queue_depth - peer.outstanding;
-    const std::uint32_t cq_room = config.completion_queue_depth - outstanding_total;
-    const std::uint32_t credits = std::min({queue_room, cq_room, max_chain});
-    if (credits == 0) {
-      // Completions free room: this peer's own, or (for a full completion
-      // queue) any peer's, which then pumps every waiting peer.
-      if (cq_room == 0) completion_queue_full = true;
-      return;
-    }
-    post_chain(peer, credits);
+    const std::uint32_t credits = std::min(send_room(peer), max_chain);
+    // Completions free room: this peer's own, or (for a full completion
+    // queue) any peer's, which then pumps every waiting peer. A
+    // notification waiting for its window is pumped by the acknowledgement
+    // that opens it.
+    if (credits == 0 || post_chain(peer, credits) == 0) return;
     while (!peer.backlog.empty() && peer.backlog.front()->posted == peer.backlog.front()->plan.count()) {
       peer.backlog.pop_front();
     }
   }
 }
 
-void Backend::Engine::post_chain(Peer& peer, std::uint32_t credits) {
+std::uint32_t Backend::Engine::send_room(const Peer& peer) {
+  const std::uint32_t queue_room = config.send_queue_depth - peer.outstanding;
+  const std::uint32_t cq_room = config.completion_queue_depth - outstanding_total;
+  if (cq_room == 0) completion_queue_full = true;
+  return std::min(queue_room, cq_room);
+}
+
+std::uint32_t Backend::Engine::post_chain(Peer& peer, std::uint32_t credits) {
   std::array<ibv_send_wr, max_chain> wrs{};
   std::array<ibv_sge, max_chain> sges{};
   std::array<VerbsTransferOp*, max_chain> owners{};
   std::uint32_t n = 0;
   // The backlog's unposted chunks in order, across transfers: only the last
-  // transfer in the chain may be cut short.
+  // transfer in the chain may be cut short. A notification goes only into
+  // room in the peer's window, and what follows it waits behind it.
   for (auto it = peer.backlog.begin(); it != peer.backlog.end() && n < credits; ++it) {
     VerbsTransferOp& op = **it;
+    if (op.kind == TransferKind::notify && peer.notifications_in_flight == Mailbox::window) break;
     const auto take = static_cast<std::uint32_t>(std::min<std::uint64_t>(credits - n, op.plan.count() - op.posted));
     for (std::uint32_t i = 0; i < take; ++i, ++n) {
-      prepare_work_request(op, op.posted + i, wrs[n], sges[n]);
+      prepare_work_request(peer, op, op.posted + i, wrs[n], sges[n]);
       owners[n] = &op;
     }
   }
+  if (n == 0) return 0;
   for (std::uint32_t i = 0; i + 1 < n; ++i) wrs[i].next = &wrs[i + 1];
   ibv_send_wr* bad = nullptr;
   const int rc = api->post_send(peer.qp.get(), wrs.data(), &bad);
   const std::uint32_t accepted = rc == 0 ? n : static_cast<std::uint32_t>(bad - wrs.data());
   for (std::uint32_t i = 0; i < accepted; ++i) ++owners[i]->posted;
-  // Atomics the queue pair did not take hold no slot: they take one again
-  // when they are posted.
-  for (std::uint32_t i = accepted; i < n; ++i) (void)release_scratch(*owners[i]);
+  // Work requests the queue pair did not take hold nothing: they take it
+  // again when they are posted.
+  for (std::uint32_t i = accepted; i < n; ++i) unprepare(peer, *owners[i]);
   peer.outstanding += accepted;
   outstanding_total += accepted;
   // The transfer whose chunk was refused gives up the rest; those behind it
   // in the chain posted nothing and stay in the backlog.
   if (rc != 0) abandon_unposted(*owners[accepted], call_failed(errc::backend, "ibv_post_send", rc));
+  return n;
 }
 
-void Backend::Engine::prepare_work_request(VerbsTransferOp& op, std::uint64_t index, ibv_send_wr& wr,
+void Backend::Engine::unprepare(Peer& peer, VerbsTransferOp& op) {
+  (void)release_scratch(op);
+  if (op.send_slot != VerbsTransferOp::no_slot) {
+    peer.mailbox.give_back(std::exchange(op.send_slot, VerbsTransferOp::no_slot));
+  }
+  if (op.in_window) {
+    op.in_window = false;
+    --peer.notifications_in_flight;
+  }
+}
+
+void Backend::Engine::prepare_work_request(Peer& peer, VerbsTransferOp& op, std::uint64_t index, ibv_send_wr& wr,
                                            ibv_sge& sge) {
   wr.wr_id = op.id;
   wr.sg_list = &sge;
   wr.send_flags = IBV_SEND_SIGNALED;
+  if (op.kind == TransferKind::notify) return prepare_notification(peer, op, wr, sge);
   if (op.kind == TransferKind::atomic) return prepare_atomic(op, wr, sge);
   const Chunk chunk = op.plan[index];
   sge = ibv_sge{reinterpret_cast<std::uint64_t>(op.local + chunk.offset), chunk.len, op.lkey};
@@ -576,7 +667,11 @@ void Backend::Engine::abandon_unposted(VerbsTransferOp& op, const Error& why) {
 }
 
 void Backend::Engine::finish_if_done(VerbsTransferOp& op) {
-  if (op.completed == op.plan.count()) finish_transfer(op.id);
+  if (op.completed != op.plan.count()) return;
+  // A posted notification is done once acknowledged too, unless it already
+  // failed (then no acknowledgement is coming, or none that matters).
+  if (op.in_window && !op.acknowledged && !op.failure) return;
+  finish_transfer(op.id);
 }
 
 void Backend::Engine::on_completion(const ibv_wc& wc) {
@@ -586,27 +681,38 @@ void Backend::Engine::on_completion(const ibv_wc& wc) {
   Peer* peer = known != peer_by_qp_num.end() ? &peers.at(peer_id) : nullptr;
   if (peer != nullptr) --peer->outstanding;
 
-  if (auto* found = find_transfer(wc.wr_id)) on_work_completed(*found, wc, peer_id, peer);
+  if (is_slot_wr(wc.wr_id)) {
+    if (peer != nullptr) on_ack_sent(*peer, slot_of(wc.wr_id));
+  } else if (auto* found = find_transfer(wc.wr_id)) {
+    on_work_completed(*found, wc, peer_id, peer);
+  }
   if (completion_queue_full) {
     completion_queue_full = false;
     for (auto& [id, waiting] : peers) {
-      if (!waiting.backlog.empty()) schedule_pump(id, waiting);
+      if (!waiting.backlog.empty() || !waiting.acks_due.empty()) schedule_pump(id, waiting);
     }
   }
+  after_completion(wc, peer_id, peer);
+}
+
+void Backend::Engine::after_completion(const ibv_wc& wc, PeerId peer_id, Peer* peer) {
   if (peer == nullptr) return;
   // A failed completion puts an RC queue pair in the error state: the peer
   // is broken, the rest of its work flushes.
   if (wc.status != IBV_WC_SUCCESS && !peer->broken) {
     break_peer(*peer, Error{errc::peer_unreachable, "verbs: the queue pair entered the error state"});
   }
-  if (peer->close_waiter && peer->outstanding == 0) return destroy_peer(peers.find(peer_id));
+  if (peer->closed && drained(*peer)) return destroy_peer(peers.find(peer_id));
   // Refilled once the polled batch is handled: the freed slots go in one chain.
-  if (!peer->backlog.empty()) schedule_pump(peer_id, *peer);
+  if (!peer->backlog.empty() || !peer->acks_due.empty()) schedule_pump(peer_id, *peer);
 }
 
 void Backend::Engine::on_work_completed(VerbsTransferOp& op, const ibv_wc& wc, PeerId peer_id, Peer* peer) {
   ++op.completed;
   const std::uint64_t old = release_scratch(op);
+  if (op.send_slot != VerbsTransferOp::no_slot && peer != nullptr) {
+    peer->mailbox.give_back(std::exchange(op.send_slot, VerbsTransferOp::no_slot));
+  }
   if (wc.status == IBV_WC_WR_FLUSH_ERR) {
     if (!op.failure) {
       op.failure = closing() ? shut_down_error()
@@ -616,6 +722,8 @@ void Backend::Engine::on_work_completed(VerbsTransferOp& op, const ibv_wc& wc, P
     if (!op.failure) op.failure = completion_error(wc, describe_work(op));
   } else if (op.kind == TransferKind::atomic && !atomic_applied(op, old, peer_id, peer)) {
     return;
+  } else if (op.kind == TransferKind::notify) {
+    notification_sent(op, peer);
   }
   finish_if_done(op);
 }
@@ -658,6 +766,7 @@ void Backend::Engine::finish_transfer(std::uint64_t id) {
   }
   unpin(op.request.local);
   if (op.admission != 0) count_for_flushes(op);
+  if (op.in_window) leave_window(op);
 }
 
 void Backend::Engine::count_for_flushes(const VerbsTransferOp& op) {
@@ -704,29 +813,30 @@ void Backend::Engine::on_transfer_deadline(VerbsTransferOp& op) {
 std::size_t Backend::Engine::progress() {
   if (torn_down()) return 0;
   pump_pending();  // this turn's new transfers
-  const std::size_t events = poll_completions();
-  pump_pending();  // the room their completions freed
+  std::size_t events = poll(cq.get(), &Engine::on_completion);
+  events += poll(recv_cq.get(), &Engine::on_receive);  // notifications, and acknowledgements
+  pump_pending();  // the room their completions freed, the acknowledgements due
   return events;
 }
 
-std::size_t Backend::Engine::poll_completions() {
+std::size_t Backend::Engine::poll(ibv_cq* queue, void (Engine::*handle)(const ibv_wc&)) {
   std::array<ibv_wc, poll_batch> wcs{};
   std::size_t events = 0;
   for (;;) {
-    const int n = api->poll_cq(cq.get(), poll_batch, wcs.data());
+    const int n = api->poll_cq(queue, poll_batch, wcs.data());
     if (n < 0) {
       // The completion queue itself failed (an overrun): nothing on it can be trusted.
       for (auto& [id, peer] : peers) break_peer(peer, Error{errc::backend, "verbs: the completion queue failed"});
       return events + 1;
     }
-    for (int i = 0; i < n; ++i) on_completion(wcs[static_cast<std::size_t>(i)]);
+    for (int i = 0; i < n; ++i) (this->*handle)(wcs[static_cast<std::size_t>(i)]);
     events += static_cast<std::size_t>(n);
     if (n < poll_batch) return events;
   }
 }
 
 bool Backend::Engine::arm_for_sleep() {
-  if (api->req_notify_cq(cq.get(), 0) != 0) return false;
+  if (api->req_notify_cq(cq.get(), 0) != 0 || api->req_notify_cq(recv_cq.get(), 0) != 0) return false;
   if (progress() != 0) return false;  // completions that raced the arming
   if (!cq_wait_armed) {
     cq_wait_armed = true;
@@ -740,11 +850,16 @@ bool Backend::Engine::arm_for_sleep() {
 }
 
 void Backend::Engine::consume_cq_events() {
+  if (channel == nullptr) return;
   ibv_cq* event_cq = nullptr;
   void* context = nullptr;
-  unsigned events = 0;
-  while (api->get_cq_event(channel.get(), &event_cq, &context) == 0) ++events;
-  if (events != 0) api->ack_cq_events(cq.get(), events);
+  unsigned send_events = 0;
+  unsigned receive_events = 0;
+  while (api->get_cq_event(channel.get(), &event_cq, &context) == 0) {
+    ++(event_cq == recv_cq.get() ? receive_events : send_events);
+  }
+  if (send_events != 0) api->ack_cq_events(cq.get(), send_events);
+  if (receive_events != 0) api->ack_cq_events(recv_cq.get(), receive_events);
 }
 
 void Backend::Engine::arm_async_watch() {
@@ -789,7 +904,10 @@ void Backend::Engine::close_peers() {
   // Every queue pair to the error state: its posted work flushes, its
   // backlog is failed unposted.
   for (auto& [id, peer] : peers) break_peer(peer, shut_down_error());
-  progress_until([this] { return outstanding_total == 0; });
+  progress_until([this] {
+    return outstanding_total == 0 &&
+           std::all_of(peers.begin(), peers.end(), [](const auto& entry) { return entry.second.receives_posted == 0; });
+  });
 }
 
 }  // namespace corma::verbs

@@ -1,13 +1,16 @@
 // The verbs backend's engine: the provider half of a backend_kit::TransferEngine.
-// It owns the device context, protection domain, completion channel and
-// queue, the atomic scratch area, and one RC queue pair per peer; only the
-// progress thread touches them, always through the IbvApi table.
+// It owns the device context, protection domain, completion channel, the
+// send and receive completion queues, the atomic scratch area, and one RC
+// queue pair per peer with its mailbox (mailbox.hpp); only the progress
+// thread touches them, always through the IbvApi table. Notifications are
+// in notifications.cpp.
 #pragma once
 
 #include "backend_kit/transfer_engine.hpp"
 #include "chunk_plan.hpp"
 #include "device.hpp"
 #include "ibv_api.hpp"
+#include "mailbox.hpp"
 #include "wire.hpp"
 
 #include <corma/verbs.hpp>
@@ -29,7 +32,8 @@ using backend_kit::ValueOp;
 using backend_kit::VoidOp;
 
 /// A get or put (a work request per chunk), an atomic (an 8-byte work
-/// request per try), or a flush (none: it waits for its peer's earlier work).
+/// request per try), a flush (none: it waits for its peer's earlier work),
+/// or a notification (one SEND, then the target's acknowledgement).
 struct VerbsTransferOp : TransferOp {
   static constexpr std::uint32_t no_slot = ~std::uint32_t{0};
 
@@ -50,6 +54,12 @@ struct VerbsTransferOp : TransferOp {
   /// The scratch word an atomic's posted work request returns the old
   /// value into; no_slot while none is posted.
   std::uint32_t scratch_slot = no_slot;
+  /// A notification's mailbox send slot while its SEND is posted.
+  std::uint32_t send_slot = no_slot;
+  /// A notification posted, holding a place in its peer's window until it
+  /// is acknowledged (or fails).
+  bool in_window = false;
+  bool acknowledged = false;
 };
 
 struct Backend::Engine final : backend_kit::TransferEngine<VerbsTransferOp> {
@@ -61,12 +71,29 @@ struct Backend::Engine final : backend_kit::TransferEngine<VerbsTransferOp> {
     std::uint64_t remaining = 0;
   };
 
+  /// An acknowledgement to send, and the receive its notification came in,
+  /// reposted once the acknowledgement is posted (the credit it returns).
+  struct AckDue {
+    wire::AckMessage ack;
+    std::uint32_t receive_slot = 0;
+  };
+
   struct Peer {
+    PeerId id{};
+    Mailbox mailbox;  // declared before the queue pair, so that it goes after it
     OwnedQp qp;
     wire::QpEndpoint local;  // what this side told the other
     bool connected = false;
     bool broken = false;             // in (or moved to) the error state
-    std::uint32_t outstanding = 0;   // posted work requests not yet completed
+    /// async_peer_close'd: refuses everything. Until it is broken it stays
+    /// connected, receive-only, refusing notifications (see linger()).
+    bool closed = false;
+    std::uint32_t outstanding = 0;   // posted send work requests not yet completed
+    std::uint32_t acks_in_flight = 0;  // of which acknowledgements
+    std::uint32_t receives_posted = 0;
+    /// Notifications posted to this peer and not finished (Mailbox::window at most).
+    std::uint32_t notifications_in_flight = 0;
+    std::deque<AckDue> acks_due;  // waiting for send-queue room or a slot
     /// Transfers with chunks not yet posted, in order: posted as completions
     /// free send-queue slots.
     std::deque<std::shared_ptr<VerbsTransferOp>> backlog;
@@ -98,7 +125,7 @@ struct Backend::Engine final : backend_kit::TransferEngine<VerbsTransferOp> {
   void run_transfer(const std::shared_ptr<VerbsTransferOp>& op) override;
   void run_atomic(const std::shared_ptr<VerbsTransferOp>& op) override;
   void run_flush(const std::shared_ptr<VerbsTransferOp>& op) override;
-  void run_notify(const std::shared_ptr<VerbsTransferOp>& op) override;
+  void run_notify(const std::shared_ptr<VerbsTransferOp>& op) override;  // notifications.cpp
   void on_transfer_deadline(VerbsTransferOp& op) override;
   void run_import_key(const std::shared_ptr<ValueOp<RemoteKeyId>>& op) override;
   void run_release_key(const std::shared_ptr<VoidOp>& op, RemoteKeyId key) override;
@@ -114,11 +141,26 @@ struct Backend::Engine final : backend_kit::TransferEngine<VerbsTransferOp> {
   // Queue pairs (progress thread).
   Result<OwnedQp> create_qp();
   Result<void> connect_qp(ibv_qp* qp, const wire::QpEndpoint& local, const wire::QpEndpoint& remote);
+  /// Whether the receive CQ has room for another peer's receive queue.
+  [[nodiscard]] Result<void> room_for_peer() const;
+  /// Records a peer over a queue pair in INIT, with its mailbox and its
+  /// receives posted.
   Result<PeerId> add_peer(OwnedQp qp, const wire::QpEndpoint& local);
   void destroy_peer(std::map<PeerId, Peer>::iterator it);
+  /// Nothing of the peer's is posted any more: a closed peer may go.
+  [[nodiscard]] static bool drained(const Peer& peer) noexcept {
+    return peer.outstanding == 0 && peer.receives_posted == 0;
+  }
   /// Moves the peer's queue pair to the error state (its posted work
   /// flushes) and fails what was never posted.
   void break_peer(Peer& peer, const Error& why);
+  /// Fails what the peer will now never do: its unposted backlog, its
+  /// waiting flushes, its notifications still waiting for an acknowledgement.
+  void stop_sending(Peer& peer, const Error& why);
+  /// A closed peer with only acknowledgements in flight stays connected,
+  /// receive-only (no remote access), refusing what it still sends; false
+  /// when it cannot (then it is broken and destroyed once drained).
+  bool linger(Peer& peer, const Error& why);
 
   /// Registers the atomic scratch area (start, on a device with atomics).
   Result<void> register_scratch();
@@ -134,25 +176,43 @@ struct Backend::Engine final : backend_kit::TransferEngine<VerbsTransferOp> {
   Result<void> still_wanted(const VerbsTransferOp& op) const;
   /// The peer a transfer or an import may use: known, connected, healthy.
   Result<const Peer*> usable_peer(PeerId id) const;
-  /// Queues a tracked transfer or atomic behind its peer's earlier work.
+  /// Queues a tracked transfer or atomic behind its peer's earlier work,
+  /// numbered for the peer's flushes.
   void enqueue(const std::shared_ptr<VerbsTransferOp>& op);
+  /// Queues tracked work behind its peer's earlier work, to be posted at
+  /// this turn's pump.
+  void push_backlog(const std::shared_ptr<VerbsTransferOp>& op, Peer& peer);
   /// Lists the peer for pump_pending() (once).
   void schedule_pump(PeerId id, Peer& peer);
   /// Pumps the peers given transfers or freed room since the last call.
   void pump_pending();
-  /// Posts backlog chunks while the send and completion queues have room.
+  /// Posts due acknowledgements, then backlog chunks, while the send and
+  /// completion queues have room.
   void pump(Peer& peer);
-  /// Posts up to `credits` backlog chunks, across transfers, in one call.
-  void post_chain(Peer& peer, std::uint32_t credits);
+  /// Work requests the peer may post now: send-queue and CQ room.
+  std::uint32_t send_room(const Peer& peer);
+  /// Posts up to `credits` backlog chunks, across transfers, in one call;
+  /// how many it tried (0: the backlog's head is a notification waiting
+  /// for its window).
+  std::uint32_t post_chain(Peer& peer, std::uint32_t credits);
   /// The work request for chunk `index` of `op` (an atomic takes a scratch
-  /// slot for its old value).
-  void prepare_work_request(VerbsTransferOp& op, std::uint64_t index, ibv_send_wr& wr, ibv_sge& sge);
+  /// slot for its old value, a notification a mailbox slot and a place in
+  /// the peer's window).
+  void prepare_work_request(Peer& peer, VerbsTransferOp& op, std::uint64_t index, ibv_send_wr& wr, ibv_sge& sge);
   void prepare_atomic(VerbsTransferOp& op, ibv_send_wr& wr, ibv_sge& sge);
+  void prepare_notification(Peer& peer, VerbsTransferOp& op, ibv_send_wr& wr, ibv_sge& sge);  // notifications.cpp
+  /// Gives back what preparing took from a work request the queue pair did not take.
+  void unprepare(Peer& peer, VerbsTransferOp& op);
   /// Frees the atomic's scratch slot; the word the device left there.
   std::uint64_t release_scratch(VerbsTransferOp& op);
-  /// Polls the completion queue dry; the number of completions.
-  std::size_t poll_completions();
+  /// Polls a completion queue dry through `handle`; the number of completions.
+  std::size_t poll(ibv_cq* queue, void (Engine::*handle)(const ibv_wc&));
+  /// A send-queue completion: a transfer's, an atomic's, a notification's
+  /// or an acknowledgement's.
   void on_completion(const ibv_wc& wc);
+  /// What every completion does for its peer: an error breaks it, a closed
+  /// one goes once drained, freed room is refilled.
+  void after_completion(const ibv_wc& wc, PeerId peer_id, Peer* peer);
   /// One of `op`'s work requests completed.
   void on_work_completed(VerbsTransferOp& op, const ibv_wc& wc, PeerId peer_id, Peer* peer);
   /// An atomic's work request succeeded, leaving the word's old value: true
@@ -169,6 +229,28 @@ struct Backend::Engine final : backend_kit::TransferEngine<VerbsTransferOp> {
   /// Answers the peer's waiting flushes with `why` (the peer broke).
   void fail_flushes(Peer& peer, const Error& why);
 
+  // Notifications (progress thread, notifications.cpp).
+  /// Posts a receive into receive slot `slot`; breaks the peer if it cannot.
+  void post_receive(Peer& peer, std::uint32_t slot);
+  /// A receive-queue completion: a notification, an acknowledgement, or
+  /// something to drop.
+  void on_receive(const ibv_wc& wc);
+  /// What becomes of a notification from `peer`: queued, or why not.
+  wire::NotifyStatus accept_notification(const Peer& peer, std::uint64_t tag);
+  /// The target's answer to one of our notifications to `from`.
+  void on_ack(PeerId from, const wire::AckMessage& ack);
+  /// Posts due acknowledgements while there is room and a slot.
+  void post_acks(Peer& peer);
+  /// An acknowledgement's SEND completed.
+  void on_ack_sent(Peer& peer, std::uint32_t slot);
+  /// A notification's SEND completed well: now it waits for its
+  /// acknowledgement, unless its peer broke or closed meanwhile.
+  void notification_sent(VerbsTransferOp& op, const Peer* peer);
+  /// A notification finished: its place in the window frees.
+  void leave_window(const VerbsTransferOp& op);
+  /// Fails the peer's notifications that wait for an acknowledgement.
+  void fail_unacknowledged(Peer& peer, const Error& why);
+
   // Events (progress thread).
   void arm_async_watch();
   void drain_async_events();
@@ -182,7 +264,11 @@ struct Backend::Engine final : backend_kit::TransferEngine<VerbsTransferOp> {
   bool atomics_supported = false;  // the device's atomic_cap is not IBV_ATOMIC_NONE
   OwnedPd pd;
   OwnedChannel channel;
-  OwnedCq cq;
+  OwnedCq cq;  // send queues' completions
+  /// Receive queues' completions: completion_queue_depth entries, so at
+  /// most that many receives may be posted across peers (room_for_peer),
+  /// and it never overruns, whatever the send side does.
+  OwnedCq recv_cq;
   /// Where atomics' old values land: one word per completion-queue entry,
   /// so a slot is free whenever there is room to post (outstanding work
   /// never exceeds the CQ). Registered for local write only; not counted in
@@ -199,6 +285,9 @@ struct Backend::Engine final : backend_kit::TransferEngine<VerbsTransferOp> {
   std::map<PeerId, Peer> peers;
   std::map<std::uint32_t, PeerId> peer_by_qp_num;
   std::vector<PeerId> peers_to_pump;  // given transfers or room: pumped in progress()
+  /// Closed peers kept receive-only, oldest first; beyond
+  /// max_lingering_peers the oldest is broken and goes.
+  std::deque<PeerId> lingering;
   bool completion_queue_full = false;  // a peer waits for room in the shared CQ
   std::uint32_t outstanding_total = 0;  // across queue pairs: bounded by the CQ
   std::mt19937 psn_source{std::random_device{}()};

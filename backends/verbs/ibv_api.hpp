@@ -6,7 +6,8 @@
 //
 // Each pointer has the signature of the libibverbs function of the same name.
 // Those that verbs.h implements inline through the device's ops
-// (ibv_post_send, ibv_poll_cq, ibv_req_notify_cq, ibv_query_port) are
+// (ibv_post_send, ibv_post_recv, ibv_poll_cq, ibv_req_notify_cq,
+// ibv_query_port) are
 // reached through small wrappers on the dlopen path.
 #pragma once
 
@@ -68,6 +69,8 @@
   REQUIRED(modify_qp)                                                                     \
   REQUIRED(destroy_qp)                                                                    \
   WRAPPED(post_send, decltype(&::ibv_post_send))                                          \
+  /* The receive queue notifications and their acknowledgements land in. */             \
+  WRAPPED(post_recv, decltype(&::ibv_post_recv))                                          \
                                                                                           \
   /* Reads context->async_fd; the backend makes that fd non-blocking. */                  \
   REQUIRED(get_async_event)                                                               \

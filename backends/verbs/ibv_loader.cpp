@@ -30,6 +30,7 @@ int query_port_wrapper(ibv_context* context, std::uint8_t port, ibv_port_attr* a
   return g_compat_query_port(context, port, attr);
 }
 int post_send_wrapper(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) { return ibv_post_send(qp, wr, bad_wr); }
+int post_recv_wrapper(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) { return ibv_post_recv(qp, wr, bad_wr); }
 int poll_cq_wrapper(ibv_cq* cq, int n, ibv_wc* wc) { return ibv_poll_cq(cq, n, wc); }
 int req_notify_wrapper(ibv_cq* cq, int solicited_only) { return ibv_req_notify_cq(cq, solicited_only); }
 
@@ -42,6 +43,7 @@ decltype(IbvApi::query_port) wrap_query_port(void* library) {
 decltype(IbvApi::req_notify_cq) wrap_req_notify_cq(void* /*library*/) { return &req_notify_wrapper; }
 decltype(IbvApi::poll_cq) wrap_poll_cq(void* /*library*/) { return &poll_cq_wrapper; }
 decltype(IbvApi::post_send) wrap_post_send(void* /*library*/) { return &post_send_wrapper; }
+decltype(IbvApi::post_recv) wrap_post_recv(void* /*library*/) { return &post_recv_wrapper; }
 
 }  // namespace
 

@@ -17,6 +17,9 @@ constexpr std::size_t key_size = 34;
 constexpr std::uint32_t endpoint_magic = 0x31505643;  // "CVP1"
 constexpr std::uint8_t endpoint_version = 1;
 constexpr std::uint32_t max_24_bits = (1U << 24) - 1;
+constexpr std::uint32_t notify_magic = 0x314e5643;  // "CVN1"
+constexpr std::uint32_t ack_magic = 0x31525643;     // "CVR1"
+constexpr std::uint8_t message_version = 1;
 
 /// The accesses a packed key may carry: those that expose the range.
 bool exposed_access(std::uint8_t value) {
@@ -54,6 +57,24 @@ Result<std::uint16_t> read_mtu(Reader& in) {
     if (mtu == known) return mtu;
   }
   return fail(errc::protocol, "peer blob names an unknown MTU");
+}
+
+Result<NotifyMessage> read_notify(Reader& in) {
+  NotifyMessage out;
+  CORMA_TRY(out.sequence, in.u64("sequence"));
+  CORMA_TRY(out.tag, in.u64("tag"));
+  return out;
+}
+
+Result<AckMessage> read_ack(Reader& in) {
+  AckMessage out;
+  CORMA_TRY(out.sequence, in.u64("sequence"));
+  CORMA_TRY(auto status, in.u8("status"));
+  if (status > static_cast<std::uint8_t>(NotifyStatus::shutting_down)) {
+    return fail(errc::protocol, "acknowledgement with an unknown status");
+  }
+  out.status = static_cast<NotifyStatus>(status);
+  return out;
 }
 
 }  // namespace
@@ -120,6 +141,45 @@ Result<QpEndpoint> decode_endpoint(const std::vector<std::byte>& blob) {
   if (out.qp_num > max_24_bits || out.psn > max_24_bits) {
     return fail(errc::protocol, "peer blob has a queue pair number or PSN wider than 24 bits");
   }
+  return out;
+}
+
+std::vector<std::byte> encode_message(const Message& message) {
+  Writer out(notify_message_size);
+  if (const auto* notify = std::get_if<NotifyMessage>(&message)) {
+    out.u32(notify_magic);
+    out.u8(message_version);
+    out.u64(notify->sequence);
+    out.u64(notify->tag);
+  } else {
+    const auto& ack = std::get<AckMessage>(message);
+    out.u32(ack_magic);
+    out.u8(message_version);
+    out.u64(ack.sequence);
+    out.u8(static_cast<std::uint8_t>(ack.status));
+  }
+  return std::move(out).take();
+}
+
+Result<Message> decode_message(std::span<const std::byte> bytes) {
+  // Sizes first: a record of the wrong length is not looked into.
+  if (bytes.size() != notify_message_size && bytes.size() != ack_message_size) {
+    return fail(errc::protocol, "a verbs message of " + std::to_string(bytes.size()) + " bytes");
+  }
+  Reader in(bytes);
+  CORMA_TRY(auto magic, in.u32("magic"));
+  const bool notify = magic == notify_magic && bytes.size() == notify_message_size;
+  const bool ack = magic == ack_magic && bytes.size() == ack_message_size;
+  if (!notify && !ack) return fail(errc::protocol, "not a verbs notification or acknowledgement");
+  CORMA_TRY(auto v, in.u8("version"));
+  if (v != message_version) return fail(errc::protocol, "unknown verbs message version");
+  Message out;
+  if (notify) {
+    CORMA_TRY(out, read_notify(in));
+  } else {
+    CORMA_TRY(out, read_ack(in));
+  }
+  CORMA_TRY(in.expect_end("verbs message"));
   return out;
 }
 

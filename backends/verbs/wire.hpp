@@ -2,7 +2,9 @@
 // byte for byte before anything reaches the provider:
 // - the packed key: rkey, registered address, length and access, and a
 //   checksum;
-// - the peer blob: what one side of an RC connection tells the other.
+// - the peer blob: what one side of an RC connection tells the other;
+// - the two messages sent over a connection: a notification and its
+//   acknowledgement (docs/backends.md, "Notifications").
 #pragma once
 
 #include <corma/backend.hpp>
@@ -10,6 +12,8 @@
 
 #include <array>
 #include <cstdint>
+#include <span>
+#include <variant>
 #include <vector>
 
 namespace corma::verbs::wire {
@@ -43,5 +47,38 @@ struct QpEndpoint {
 /// `protocol` for anything encode_endpoint did not produce, or values no
 /// queue pair can have (24-bit fields out of range, an unknown MTU).
 [[nodiscard]] Result<QpEndpoint> decode_endpoint(const std::vector<std::byte>& blob);
+
+/// A notification (`CVN1`): the tag, and the sender's sequence number, which
+/// the acknowledgement names.
+struct NotifyMessage {
+  std::uint64_t sequence = 0;
+  std::uint64_t tag = 0;
+  friend bool operator==(const NotifyMessage&, const NotifyMessage&) = default;
+};
+
+/// What became of a notification at its target.
+enum class NotifyStatus : std::uint8_t {
+  queued = 0,
+  queue_full = 1,     ///< the target's queue was full: not delivered
+  not_accepted = 2,   ///< the target closed this peer: dropped and counted
+  shutting_down = 3,  ///< the target is shutting down: not delivered
+};
+
+/// The target's acknowledgement of a notification (`CVR1`).
+struct AckMessage {
+  std::uint64_t sequence = 0;
+  NotifyStatus status = NotifyStatus::queued;
+  friend bool operator==(const AckMessage&, const AckMessage&) = default;
+};
+
+using Message = std::variant<NotifyMessage, AckMessage>;
+
+inline constexpr std::size_t notify_message_size = 21;
+inline constexpr std::size_t ack_message_size = 14;
+
+[[nodiscard]] std::vector<std::byte> encode_message(const Message& message);
+/// `protocol` for anything encode_message did not produce: a size other
+/// than the record's, another magic or version, an unknown status.
+[[nodiscard]] Result<Message> decode_message(std::span<const std::byte> bytes);
 
 }  // namespace corma::verbs::wire

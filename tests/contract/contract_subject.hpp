@@ -66,10 +66,6 @@ struct ContractParam {
   /// The name tests/programs/progress_mix.cpp knows this configuration by
   /// (the progress-executor mix runs it in a child process); empty: none.
   std::string progress_mix;
-  /// Why this backend has no notifications (async_notify answers
-  /// `not_configured`); empty when it has them. The notification tests
-  /// then skip, printing it.
-  std::string no_notifications;
 };
 
 /// gtest prints parameters with this (found by ADL).

@@ -38,7 +38,7 @@ ContractSubject make_test_subject() {
 }
 
 INSTANTIATE_TEST_SUITE_P(TestBackend, BackendContract,
-                         ::testing::Values(ContractParam{"test", &make_test_subject, std::chrono::seconds(2), {}, true, "test", {}}),
+                         ::testing::Values(ContractParam{"test", &make_test_subject, std::chrono::seconds(2), {}, true, "test"}),
                          ContractParamName{});
 
 }  // namespace

@@ -33,8 +33,8 @@ ContractSubject make_shm() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ucx, BackendContract,
-                         ::testing::Values(ContractParam{"tcp", &make_tcp, std::chrono::seconds(5), {}, true, "ucx-tcp", {}},
-                                           ContractParam{"shm", &make_shm, std::chrono::seconds(5), {}, false, "ucx-shm", {}}),
+                         ::testing::Values(ContractParam{"tcp", &make_tcp, std::chrono::seconds(5), {}, true, "ucx-tcp"},
+                                           ContractParam{"shm", &make_shm, std::chrono::seconds(5), {}, false, "ucx-shm"}),
                          ContractParamName{});
 
 }  // namespace

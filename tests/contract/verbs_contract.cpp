@@ -24,8 +24,7 @@ ContractSubject make_soft() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Verbs, BackendContract,
-                         ::testing::Values(ContractParam{"soft", &make_soft, std::chrono::seconds(5), {}, true, "verbs-soft",
-                                                       verbs_no_notifications}),
+                         ::testing::Values(ContractParam{"soft", &make_soft, std::chrono::seconds(5), {}, true, "verbs-soft"}),
                          ContractParamName{});
 
 }  // namespace

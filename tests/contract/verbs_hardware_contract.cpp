@@ -28,7 +28,7 @@ std::optional<std::string> no_device() {
 
 INSTANTIATE_TEST_SUITE_P(VerbsHardware, BackendContract,
                          ::testing::Values(ContractParam{"device", &make_hardware, std::chrono::seconds(10),
-                                                         &no_device, true, "verbs-device", verbs_no_notifications}),
+                                                         &no_device, true, "verbs-device"}),
                          ContractParamName{});
 
 }  // namespace

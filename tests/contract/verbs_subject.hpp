@@ -12,11 +12,6 @@
 
 namespace corma::contract {
 
-/// What the notification tests print when they skip on verbs.
-inline constexpr const char* verbs_no_notifications =
-    "the verbs backend has no notifications yet: they need a receive path (SEND with immediate data into a "
-    "posted receive queue, acknowledged the same way)";
-
 inline verbs::Config verbs_contract_config() {
   verbs::Config config;
   config.operation_timeout = std::chrono::seconds(3);

@@ -176,6 +176,15 @@ struct SoftCq : ibv_cq, Tracked {
   std::size_t async_read = 0, async_acked = 0;
 };
 
+/// A posted receive: where the next SEND (its bytes) or RDMA WRITE with
+/// immediate (only its completion) lands.
+struct Receive {
+  std::uint64_t wr_id = 0;
+  std::uint64_t addr = 0;
+  std::uint32_t lkey = 0;
+  std::uint32_t length = 0;  // 0 with no scatter/gather entry
+};
+
 struct SoftQp : ibv_qp, Tracked {
   // The real state. ibv_qp::state, like libibverbs', only follows modify_qp:
   // an error completion or a fatal event does not change it.
@@ -188,6 +197,11 @@ struct SoftQp : ibv_qp, Tracked {
   std::uint16_t dlid = 0;
   int max_rd_atomic = 0, max_dest_rd_atomic = 0;
   std::uint8_t timeout = 0, retry_cnt = 0;
+  std::uint8_t rnr_retry = 0;      // as requester: RNR NAKs it sits out (7: forever)
+  std::uint8_t min_rnr_timer = 0;  // as responder: the wait its RNR NAKs ask for
+  // Receive queue, consumed in post order by the peer's SENDs and RDMA
+  // WRITEs with immediate; at most cap.max_recv_wr.
+  std::deque<Receive> receives;
   // Send queue: slots [released, posted) are occupied.
   std::uint64_t posted = 0, released = 0;
   std::size_t async_read = 0, async_acked = 0;
@@ -209,6 +223,7 @@ struct Work {
   std::uint32_t rkey;
   std::uint64_t compare_add;  // atomics: the value added, or compared
   std::uint64_t swap;         // compare-and-swap: the value stored on a match
+  std::uint32_t imm_data;     // *_WITH_IMM: handed to the receiver as it is (network order by convention)
   // Set when its responder first failed to answer: the end of its retries.
   std::optional<std::chrono::steady_clock::time_point> retry_until;
 };
@@ -249,6 +264,7 @@ struct Fabric {
 
   // Counters of the current generation.
   std::size_t posted = 0, post_calls = 0, overruns = 0, max_outstanding = 0, cq_overruns = 0, misuses = 0;
+  std::size_t receives_posted = 0, rnr_naks = 0;
   std::string last_misuse;
   // Contexts that read a port or device event not yet acknowledged, by event
   // type, oldest first: such an acknowledgement names no object.
@@ -415,8 +431,9 @@ void raise_qp_event(Fabric& f, SoftQp& qp, ibv_event_type type) {
   push_async_event(context_of(f, qp.context), event);
 }
 
-/// The QP's send CQ, as the provider's own object.
+/// The QP's send and receive CQs, as the provider's own objects.
 SoftCq& send_cq_of(const SoftQp& qp) { return *static_cast<SoftCq*>(qp.send_cq); }
+SoftCq& recv_cq_of(const SoftQp& qp) { return *static_cast<SoftCq*>(qp.recv_cq); }
 
 // ===========================================================================
 // Devices, contexts, queries
@@ -856,12 +873,23 @@ bool is_atomic(ibv_wr_opcode opcode) {
   return opcode == IBV_WR_ATOMIC_FETCH_AND_ADD || opcode == IBV_WR_ATOMIC_CMP_AND_SWP;
 }
 
+bool is_send(ibv_wr_opcode opcode) { return opcode == IBV_WR_SEND || opcode == IBV_WR_SEND_WITH_IMM; }
+
+/// The operations that take the responder's next posted receive.
+bool consumes_receive(ibv_wr_opcode opcode) { return is_send(opcode) || opcode == IBV_WR_RDMA_WRITE_WITH_IMM; }
+
+bool carries_immediate(ibv_wr_opcode opcode) {
+  return opcode == IBV_WR_SEND_WITH_IMM || opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
+}
+
 ibv_wc_opcode completion_opcode(ibv_wr_opcode opcode) {
   switch (opcode) {
     case IBV_WR_RDMA_READ: return IBV_WC_RDMA_READ;
     case IBV_WR_ATOMIC_FETCH_AND_ADD: return IBV_WC_FETCH_ADD;
     case IBV_WR_ATOMIC_CMP_AND_SWP: return IBV_WC_COMP_SWAP;
-    default: return IBV_WC_RDMA_WRITE;
+    case IBV_WR_SEND:
+    case IBV_WR_SEND_WITH_IMM: return IBV_WC_SEND;
+    default: return IBV_WC_RDMA_WRITE;  // with immediate too
   }
 }
 
@@ -880,6 +908,26 @@ Cqe make_cqe(const SoftQp& qp, const Work& work, ibv_wc_status status, std::uint
 /// error state does with its work, signaled or not.
 void flush(Fabric& f, const SoftQp& qp, const Work& w) {
   push_completion(f, send_cq_of(qp), make_cqe(qp, w, IBV_WC_WR_FLUSH_ERR, 0));
+}
+
+/// A receive's completion on the QP's receive CQ. Its seq is 0: polling it
+/// frees no send-queue slot.
+void complete_receive(Fabric& f, const SoftQp& qp, const Receive& r, ibv_wc_status status, ibv_wc_opcode opcode,
+                      std::uint32_t byte_len) {
+  Cqe cqe{};
+  cqe.wc.wr_id = r.wr_id;
+  cqe.wc.status = status;
+  cqe.wc.opcode = opcode;
+  cqe.wc.byte_len = byte_len;
+  cqe.wc.qp_num = qp.qp_num;
+  push_completion(f, recv_cq_of(qp), cqe);
+}
+
+/// A QP in the error state flushes its posted receives, as it does its sends.
+void flush_receives(Fabric& f, SoftQp& qp) {
+  for (const Receive& r : std::exchange(qp.receives, {})) {
+    complete_receive(f, qp, r, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, 0);
+  }
 }
 
 /// Takes the QP's queued work out of the worker's queue, in post order.
@@ -901,19 +949,21 @@ std::vector<Work> take_queued_work(Fabric& f, const SoftQp& qp) {
 void enter_error(Fabric& f, SoftQp& qp) {
   qp.actual = IBV_QPS_ERR;
   for (const Work& w : take_queued_work(f, qp)) flush(f, qp, w);
+  flush_receives(f, qp);
 }
 
 /// Back to RESET: queued work is discarded without completions and the
 /// connection forgotten.
 void enter_reset(Fabric& f, SoftQp& qp) {
   take_queued_work(f, qp);
+  qp.receives.clear();
   qp.actual = IBV_QPS_RESET;
   qp.released = qp.posted;
   qp.access = 0;
   qp.dest_qpn = qp.rq_psn = qp.sq_psn = 0;
   qp.dlid = 0;
   qp.max_rd_atomic = qp.max_dest_rd_atomic = 0;
-  qp.timeout = qp.retry_cnt = 0;
+  qp.timeout = qp.retry_cnt = qp.rnr_retry = qp.min_rnr_timer = 0;
 }
 
 struct Transition {
@@ -995,6 +1045,8 @@ void record_attributes(SoftQp& qp, const ibv_qp_attr& attr, int mask) {
   if ((mask & IBV_QP_MAX_DEST_RD_ATOMIC) != 0) qp.max_dest_rd_atomic = attr.max_dest_rd_atomic;
   if ((mask & IBV_QP_TIMEOUT) != 0) qp.timeout = attr.timeout;
   if ((mask & IBV_QP_RETRY_CNT) != 0) qp.retry_cnt = attr.retry_cnt;
+  if ((mask & IBV_QP_RNR_RETRY) != 0) qp.rnr_retry = attr.rnr_retry;
+  if ((mask & IBV_QP_MIN_RNR_TIMER) != 0) qp.min_rnr_timer = attr.min_rnr_timer;
 }
 
 int sv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask) {
@@ -1024,6 +1076,7 @@ int sv_destroy_qp(ibv_qp* qp) {
   // libibverbs would block until the QP's async events read are acknowledged.
   if (q->async_read != q->async_acked) return EBUSY;
   take_queued_work(f, *q);  // discarded, as hardware does
+  q->receives.clear();
   drop_async_events_of(context_of(f, q->context), q);
   f.by_qpn.erase(q->qp_num);
   --f.pds.at(q->pd)->qps;
@@ -1038,10 +1091,10 @@ int sv_destroy_qp(ibv_qp* qp) {
 // Posting and executing work requests
 // ===========================================================================
 
-/// The operations the device executes: RDMA READ and WRITE, and the atomics
-/// when it has them.
+/// The operations the device executes: RDMA READ and WRITE (with immediate
+/// too), SEND (with immediate too), and the atomics when it has them.
 bool opcode_supported(const Fabric& f, ibv_wr_opcode opcode) {
-  if (opcode == IBV_WR_RDMA_READ || opcode == IBV_WR_RDMA_WRITE) return true;
+  if (opcode == IBV_WR_RDMA_READ || opcode == IBV_WR_RDMA_WRITE || consumes_receive(opcode)) return true;
   return is_atomic(opcode) && f.config.atomic_cap != IBV_ATOMIC_NONE;
 }
 
@@ -1076,10 +1129,11 @@ void accept_work_request(Fabric& f, SoftQp& qp, const ibv_send_wr& wr) {
     w.rkey = wr.wr.atomic.rkey;
     w.compare_add = wr.wr.atomic.compare_add;
     w.swap = wr.wr.atomic.swap;
-  } else {
+  } else if (!is_send(wr.opcode)) {
     w.remote_addr = wr.wr.rdma.remote_addr;
     w.rkey = wr.wr.rdma.rkey;
   }
+  if (carries_immediate(wr.opcode)) w.imm_data = wr.imm_data;
   if (is_current(f, qp)) {
     ++f.posted;
     f.max_outstanding = std::max<std::size_t>(f.max_outstanding, qp.occupied());
@@ -1109,6 +1163,48 @@ int sv_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
     accept_work_request(f, *q, *w);
   }
   f.work_cv.notify_all();
+  f.changed.notify_all();
+  return 0;
+}
+
+/// The synchronous checks of post_recv; 0 when the receive is accepted.
+/// Receives may be posted from INIT on (before the QP can be reached, as a
+/// peer's first SEND needs), not in RESET.
+int check_receive(const SoftQp& qp, const ibv_recv_wr& wr) {
+  if (qp.actual == IBV_QPS_RESET) return EINVAL;
+  if (wr.num_sge < 0 || wr.num_sge > static_cast<int>(qp.cap.max_recv_sge) || (wr.num_sge > 0 && wr.sg_list == nullptr)) {
+    return EINVAL;
+  }
+  if (qp.receives.size() >= qp.cap.max_recv_wr) return ENOMEM;
+  return 0;
+}
+
+int sv_post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
+  auto [f, lock, q] = lock_and_find("ibv_post_recv", &Fabric::qps, qp);
+  if (q == nullptr) {
+    if (bad_wr != nullptr) *bad_wr = wr;
+    return EINVAL;
+  }
+  for (ibv_recv_wr* w = wr; w != nullptr; w = w->next) {
+    if (const int err = check_receive(*q, *w); err != 0) {
+      if (bad_wr != nullptr) *bad_wr = w;
+      return err;
+    }
+    Receive r;
+    r.wr_id = w->wr_id;
+    if (w->num_sge == 1) {
+      r.addr = w->sg_list[0].addr;
+      r.lkey = w->sg_list[0].lkey;
+      r.length = w->sg_list[0].length;
+    }
+    if (is_current(f, *q)) ++f.receives_posted;
+    if (q->actual == IBV_QPS_ERR) {
+      complete_receive(f, *q, r, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, 0);
+    } else {
+      q->receives.push_back(r);
+    }
+  }
+  f.work_cv.notify_all();  // a SEND waiting for a receive (RNR) may go now
   f.changed.notify_all();
   return 0;
 }
@@ -1145,7 +1241,7 @@ SoftQp* responder_for(Fabric& f, const SoftQp& qp) {
 struct Outcome {
   ibv_wc_status status = IBV_WC_SUCCESS;
   SoftQp* rejected_by = nullptr;
-  ibv_event_type event = IBV_EVENT_QP_FATAL;
+  std::optional<ibv_event_type> event = std::nullopt;  // what the responder raises, if anything
 };
 
 Outcome rejected(SoftQp& responder, ibv_wc_status status, ibv_event_type event) {
@@ -1189,11 +1285,68 @@ Outcome apply_atomic(Fabric& f, const SoftQp& qp, const Work& w) {
   return {IBV_WC_SUCCESS};
 }
 
-/// Executes one RDMA READ or WRITE: the checks a device makes, in its order,
-/// then the copy.
+/// Executes one SEND, SEND with immediate or RDMA WRITE with immediate: the
+/// requester's checks, the responder's (its QP, for a write its MR, then its
+/// next posted receive), the write's copy, and the receive's completion on
+/// the responder's CQ. A SEND lands in the receive's buffer; a write with
+/// immediate only completes the receive. No posted receive is an RNR NAK:
+/// once the requester's rnr_retry is spent, IBV_WC_RNR_RETRY_EXC_ERR, and the
+/// responder is not affected. A receive too short for the SEND (or whose
+/// buffer the responder cannot write) fails on both sides, as on hardware.
+Outcome deliver(Fabric& f, const SoftQp& qp, const Work& w) {
+  if (w.length > f.config.max_msg_sz) return {IBV_WC_LOC_LEN_ERR};
+  std::byte* local = nullptr;
+  if (w.length > 0) {
+    local = resolve(f.by_lkey, w.lkey, qp.pd, w.local_addr, w.length, 0);
+    if (local == nullptr) return {IBV_WC_LOC_PROT_ERR};
+  }
+  SoftQp* remote = responder_for(f, qp);
+  if (remote == nullptr) return {IBV_WC_RETRY_EXC_ERR};
+  const bool write = w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM;
+  if (write && (remote->access & IBV_ACCESS_REMOTE_WRITE) == 0) {
+    return rejected(*remote, IBV_WC_REM_INV_REQ_ERR, IBV_EVENT_QP_REQ_ERR);
+  }
+  std::byte* target = nullptr;
+  if (write && w.length > 0) {
+    target = resolve(f.by_rkey, w.rkey, remote->pd, w.remote_addr, w.length, IBV_ACCESS_REMOTE_WRITE);
+    if (target == nullptr) return rejected(*remote, IBV_WC_REM_ACCESS_ERR, IBV_EVENT_QP_ACCESS_ERR);
+  }
+  if (remote->receives.empty()) return {IBV_WC_RNR_RETRY_EXC_ERR};
+  const Receive r = remote->receives.front();
+  remote->receives.pop_front();
+  if (!write && w.length > 0) {
+    if (w.length > r.length) {
+      complete_receive(f, *remote, r, IBV_WC_LOC_LEN_ERR, IBV_WC_RECV, 0);
+      return {IBV_WC_REM_INV_REQ_ERR, remote, std::nullopt};
+    }
+    target = resolve(f.by_lkey, r.lkey, remote->pd, r.addr, w.length, IBV_ACCESS_LOCAL_WRITE);
+    if (target == nullptr) {
+      complete_receive(f, *remote, r, IBV_WC_LOC_PROT_ERR, IBV_WC_RECV, 0);
+      return {IBV_WC_REM_OP_ERR, remote, std::nullopt};
+    }
+  }
+  if (target != nullptr) std::memmove(target, local, w.length);
+  Cqe cqe{};
+  cqe.wc.wr_id = r.wr_id;
+  cqe.wc.status = IBV_WC_SUCCESS;
+  cqe.wc.opcode = write ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV;
+  cqe.wc.byte_len = w.length;
+  cqe.wc.qp_num = remote->qp_num;
+  cqe.wc.src_qp = qp.qp_num;
+  if (carries_immediate(w.opcode)) {
+    cqe.wc.wc_flags = IBV_WC_WITH_IMM;
+    cqe.wc.imm_data = w.imm_data;
+  }
+  push_completion(f, recv_cq_of(*remote), cqe);
+  return {IBV_WC_SUCCESS};
+}
+
+/// Executes one work request: the checks a device makes, in its order, then
+/// the copy (or the atomic, or the message).
 Outcome transfer(Fabric& f, const SoftQp& qp, const Work& w) {
   if (auto fault = std::exchange(f.fail_completion, std::nullopt)) return {*fault};
   if (is_atomic(w.opcode)) return apply_atomic(f, qp, w);
+  if (consumes_receive(w.opcode)) return deliver(f, qp, w);
   const bool read = w.opcode == IBV_WR_RDMA_READ;
   if (w.length > f.config.max_msg_sz) return {IBV_WC_LOC_LEN_ERR};
   std::byte* local = nullptr;
@@ -1235,7 +1388,7 @@ void execute(Fabric& f, const Work& w) {
   enter_error(f, qp);
   if (SoftQp* responder = outcome.rejected_by) {
     enter_error(f, *responder);
-    raise_qp_event(f, *responder, outcome.event);
+    if (outcome.event) raise_qp_event(f, *responder, *outcome.event);
   }
 }
 
@@ -1248,6 +1401,35 @@ std::optional<Clock::duration> retry_window(const SoftQp& qp) {
   return ack_timeout * (qp.retry_cnt + 1);
 }
 
+/// The RNR NAK timer a responder's min_rnr_timer asks for (the InfiniBand
+/// spec's table: code 0 is the longest, 655.36 ms), in microseconds.
+std::chrono::microseconds rnr_timer(std::uint8_t code) {
+  static constexpr std::uint32_t table[32] = {
+      655360, 10,    20,    30,    40,    60,    80,     120,    160,    240,    320,
+      480,    640,   960,   1280,  1920,  2560,  3840,   5120,   7680,   10240,  15360,
+      20480,  30720, 40960, 61440, 81920, 122880, 163840, 245760, 327680, 491520};
+  return std::chrono::microseconds(table[code & 31U]);
+}
+
+/// How long a requester sits out RNR NAKs: rnr_retry timers of the
+/// responder's length; rnr_retry 7 means forever.
+std::optional<Clock::duration> rnr_window(const SoftQp& requester, const SoftQp& responder) {
+  if (requester.rnr_retry == 7) return std::nullopt;
+  return rnr_timer(responder.min_rnr_timer) * requester.rnr_retry;
+}
+
+/// Why a work request cannot execute yet: its responder does not answer
+/// (transport retries), or answers with an RNR NAK (no receive posted for a
+/// request that needs one).
+enum class Wait { none, transport, rnr };
+
+Wait wait_of(Fabric& f, const Work& w, SoftQp*& responder) {
+  responder = responder_for(f, *w.qp);
+  if (responder == nullptr) return Wait::transport;
+  if (consumes_receive(w.opcode) && responder->receives.empty()) return Wait::rnr;
+  return Wait::none;
+}
+
 /// The next work request to execute: the first, in post order, whose QP has
 /// no earlier request still waiting for an answer, and that is answered or
 /// out of retries. `wake` gets the earliest end of a retry window.
@@ -1255,9 +1437,12 @@ std::deque<Work>::iterator next_runnable(Fabric& f, Clock::time_point now, std::
   std::unordered_set<const SoftQp*> waiting;
   for (auto it = f.work.begin(); it != f.work.end(); ++it) {
     if (waiting.contains(it->qp)) continue;
-    if (responder_for(f, *it->qp) != nullptr) return it;
+    SoftQp* responder = nullptr;
+    const Wait wait = wait_of(f, *it, responder);
+    if (wait == Wait::none) return it;
     if (!it->retry_until) {
-      const auto window = retry_window(*it->qp);
+      const auto window = wait == Wait::rnr ? rnr_window(*it->qp, *responder) : retry_window(*it->qp);
+      if (wait == Wait::rnr && is_current(f, *it->qp)) ++f.rnr_naks;
       it->retry_until = window ? now + *window : Clock::time_point::max();
     }
     if (now >= *it->retry_until) return it;
@@ -1440,6 +1625,7 @@ std::shared_ptr<const verbs::IbvApi> make_table() {
   api->modify_qp = sv_modify_qp;
   api->destroy_qp = sv_destroy_qp;
   api->post_send = sv_post_send;
+  api->post_recv = sv_post_recv;
   api->get_async_event = sv_get_async_event;
   api->ack_async_event = sv_ack_async_event;
   api->wc_status_str = sv_wc_status_str;
@@ -1511,6 +1697,7 @@ void SoftVerbs::reset(const SoftVerbsConfig& config) {
     f.fail_reg_mr = 0;
     f.fail_completion.reset();
     f.posted = f.post_calls = f.overruns = f.max_outstanding = f.cq_overruns = f.misuses = 0;
+    f.receives_posted = f.rnr_naks = 0;
     f.last_misuse.clear();
     f.work_cv.notify_all();
   });
@@ -1586,6 +1773,8 @@ std::size_t SoftVerbs::work_requests_posted() const { return read_field(&Fabric:
 std::size_t SoftVerbs::post_send_calls() const { return read_field(&Fabric::post_calls); }
 std::size_t SoftVerbs::max_outstanding() const { return read_field(&Fabric::max_outstanding); }
 std::size_t SoftVerbs::overruns() const { return read_field(&Fabric::overruns); }
+std::size_t SoftVerbs::receives_posted() const { return read_field(&Fabric::receives_posted); }
+std::size_t SoftVerbs::rnr_naks() const { return read_field(&Fabric::rnr_naks); }
 std::size_t SoftVerbs::cq_overruns() const { return read_field(&Fabric::cq_overruns); }
 std::size_t SoftVerbs::misuses() const { return read_field(&Fabric::misuses); }
 std::string SoftVerbs::last_misuse() const { return read_field(&Fabric::last_misuse); }

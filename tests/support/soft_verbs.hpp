@@ -2,10 +2,11 @@
 // verbs backend's function table (corma::verbs::IbvApi) with an
 // implementation that behaves like an RC-capable device on one shared fabric:
 // devices, contexts, PDs, MRs with lkey/rkey, completion channels, CQs and RC
-// QPs whose RDMA READ/WRITE and 64-bit atomic (fetch-and-add,
-// compare-and-swap) work requests execute asynchronously on the provider's
-// own thread, with the checks real hardware makes (state machine, keys,
-// bounds, access flags, atomic alignment, send-queue depth, message size).
+// QPs whose RDMA READ/WRITE, SEND, immediate-data and 64-bit atomic
+// (fetch-and-add, compare-and-swap) work requests execute asynchronously on
+// the provider's own thread, with the checks real hardware makes (state
+// machine, keys, bounds, access flags, atomic alignment, send- and
+// receive-queue depth, message size, receive buffer length).
 // Faults and timing are injectable, and counters expose what the caller did,
 // so that a backend bug shows up as a failed test rather than as silent
 // success.
@@ -33,6 +34,19 @@
 // - A responder that rejects a request (remote access error, or an operation
 //   its QP's access flags do not allow) enters the error state too and
 //   raises IBV_EVENT_QP_ACCESS_ERR or IBV_EVENT_QP_REQ_ERR on its context.
+// - SEND, SEND_WITH_IMM and RDMA_WRITE_WITH_IMM take the responder's oldest
+//   posted receive (post_recv, allowed from INIT on; at most
+//   cap.max_recv_wr), in order with the QP's other work: the receive
+//   completes (IBV_WC_RECV, or IBV_WC_RECV_RDMA_WITH_IMM for the write, with
+//   byte_len, src_qp, and IBV_WC_WITH_IMM and imm_data when immediate data
+//   came) after every earlier request of that QP executed. A SEND lands in
+//   the receive's buffer; a longer one fails the receive (IBV_WC_LOC_LEN_ERR)
+//   and the request (IBV_WC_REM_INV_REQ_ERR), and both QPs stop. With no
+//   receive posted the responder answers RNR NAKs: the request (and those of
+//   its QP behind it) waits the responder's min_rnr_timer rnr_retry times,
+//   then fails with IBV_WC_RNR_RETRY_EXC_ERR; rnr_retry 7 waits for a receive
+//   forever, as the spec says. A QP entering the error state flushes its
+//   posted receives (IBV_WC_WR_FLUSH_ERR) onto its receive CQ.
 // - An atomic's single scatter/gather entry is the 8-byte local buffer its
 //   old value lands in (any other length: IBV_WC_LOC_LEN_ERR). A misaligned
 //   remote word is an invalid request (IBV_WC_REM_INV_REQ_ERR); an MR without
@@ -138,6 +152,12 @@ class SoftVerbs {
   [[nodiscard]] std::size_t max_outstanding() const;
   /// post_send calls refused (ENOMEM) because the send queue was full.
   [[nodiscard]] std::size_t overruns() const;
+  /// Receives accepted by post_recv since reset.
+  [[nodiscard]] std::size_t receives_posted() const;
+  /// SENDs and RDMA WRITEs with immediate that found no receive posted at
+  /// their responder (an RNR NAK), each counted once, since reset. A caller
+  /// with a working credit scheme leaves it at 0.
+  [[nodiscard]] std::size_t rnr_naks() const;
   /// Completions lost because the CQ was full (each also raises IBV_EVENT_CQ_ERR).
   [[nodiscard]] std::size_t cq_overruns() const;
   /// Caller mistakes: calls naming a null, unknown or already destroyed

@@ -81,6 +81,11 @@ class WorkRequest {
     wr_.sg_list = nullptr;
     return *this;
   }
+  /// Immediate data, for the *_WITH_IMM opcodes.
+  WorkRequest& with_immediate(std::uint32_t imm) {
+    wr_.imm_data = imm;
+    return *this;
+  }
   /// Chains `next` after this request and returns it, so that a longer
   /// chain reads in post order: a.then(b).then(c).
   WorkRequest& then(WorkRequest& next) {
@@ -186,7 +191,7 @@ class SoftVerbs : public ::testing::Test {
   }
 
   /// A fresh endpoint on its own context; torn down by TearDown.
-  Endpoint& endpoint(std::uint32_t max_send_wr = 16, int cqe = 64) {
+  Endpoint& endpoint(std::uint32_t max_send_wr = 16, int cqe = 64, std::uint32_t max_recv_wr = 4) {
     Endpoint& e = endpoints.emplace_back();
     e.ctx = open_context();
     e.pd = v.alloc_pd(e.ctx);
@@ -197,7 +202,7 @@ class SoftVerbs : public ::testing::Test {
     init.recv_cq = e.cq;
     init.qp_type = IBV_QPT_RC;
     init.cap.max_send_wr = max_send_wr;
-    init.cap.max_recv_wr = 1;
+    init.cap.max_recv_wr = max_recv_wr;
     init.cap.max_send_sge = 1;
     init.cap.max_recv_sge = 1;
     e.qp = v.create_qp(e.pd, &init);
@@ -254,7 +259,7 @@ class SoftVerbs : public ::testing::Test {
     a.qp_state = IBV_QPS_RTS;
     a.timeout = rts_timeout;
     a.retry_cnt = 7;
-    a.rnr_retry = 7;
+    a.rnr_retry = rts_rnr_retry;
     a.sq_psn = psn_of(e.qp);
     a.max_rd_atomic = 16;
     return v.modify_qp(e.qp, &a,
@@ -325,6 +330,17 @@ class SoftVerbs : public ::testing::Test {
       in_flight -= static_cast<std::uint64_t>(std::max(n, 0));
     }
     return good;
+  }
+
+  /// Posts one receive of `length` bytes at `buffer` (registered as `mr`).
+  int post_receive(Endpoint& e, void* buffer, std::uint32_t length, const ibv_mr* mr, std::uint64_t wr_id) {
+    ibv_sge sge{reinterpret_cast<std::uintptr_t>(buffer), length, mr->lkey};
+    ibv_recv_wr wr{};
+    wr.wr_id = wr_id;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    ibv_recv_wr* bad = nullptr;
+    return v.post_recv(e.qp, &wr, &bad);
   }
 
   int post(Endpoint& e, WorkRequest& wr, ibv_send_wr** bad = nullptr) {
@@ -412,6 +428,9 @@ class SoftVerbs : public ::testing::Test {
   /// The local ACK timeout to_rts sets: 14 (67 ms per try) as a real
   /// deployment would; tests of unanswered requests shorten it.
   std::uint8_t rts_timeout = 14;
+  /// The RNR retry count to_rts sets: 7 (wait for a receive forever), as
+  /// the verbs backend does; tests of RNR errors lower it.
+  std::uint8_t rts_rnr_retry = 7;
 };
 
 // ---- Devices and queries ----------------------------------------------------
@@ -1127,6 +1146,164 @@ TEST_F(SoftVerbs, AtomicsStayAtomicAgainstEachOtherAndAgainstHostAtomicRef) {
   EXPECT_EQ(good[0], per_side);
   EXPECT_EQ(good[1], per_side);
   EXPECT_EQ(std::atomic_ref<std::uint64_t>(word).load(), 3 * per_side) << "an increment was lost";
+}
+
+// ---- Receives: SEND and immediate data -------------------------------------
+
+TEST_F(SoftVerbs, ASendLandsInTheOldestReceiveAfterTheWritesPostedBeforeIt) {
+  Link& l = link(LinkOptions{.local_bytes = {"written"}});
+  std::array<char, 16> first{}, second{};
+  ibv_mr* fmr = reg(l.b, first.data(), first.size());
+  ibv_mr* smr = reg(l.b, second.data(), second.size());
+  ASSERT_EQ(post_receive(l.b, first.data(), 16, fmr, 21), 0);
+  ASSERT_EQ(post_receive(l.b, second.data(), 16, smr, 22), 0);
+  std::array<char, 6> message{"hello"};
+  ibv_mr* mmr = reg(l.a, message.data(), message.size());
+  WorkRequest write = l.write(1);
+  WorkRequest send(IBV_WR_SEND, message.data(), mmr, 6, nullptr, 0, 2);
+  WorkRequest with_imm(IBV_WR_SEND_WITH_IMM, message.data(), mmr, 3, nullptr, 0, 3);
+  with_imm.with_immediate(0xabcdef01);
+  write.unsignaled().then(send).then(with_imm);
+  ASSERT_EQ(post(l.a, write), 0);
+
+  // The first receive completes with the write's bytes already in place:
+  // looked at the moment its completion is polled.
+  ibv_wc received{};
+  ASSERT_TRUE(provider.wait_until([&] { return v.poll_cq(l.b.cq, 1, &received) == 1; }, 1000ms));
+  EXPECT_EQ(l.remote, l.local) << "the SEND completed before the write before it";
+  EXPECT_EQ(received.wr_id, 21U);
+  EXPECT_EQ(received.status, IBV_WC_SUCCESS);
+  EXPECT_EQ(received.opcode, IBV_WC_RECV);
+  EXPECT_EQ(received.byte_len, 6U);
+  EXPECT_EQ(received.qp_num, l.b.qp->qp_num);
+  EXPECT_EQ(received.src_qp, l.a.qp->qp_num);
+  EXPECT_EQ(received.wc_flags & IBV_WC_WITH_IMM, 0U);
+  EXPECT_STREQ(first.data(), "hello");
+  const auto next = poll(l.b, 1);
+  ASSERT_EQ(next.size(), 1U);
+  EXPECT_EQ(next[0].wr_id, 22U);
+  EXPECT_EQ(next[0].byte_len, 3U);
+  EXPECT_NE(next[0].wc_flags & IBV_WC_WITH_IMM, 0U);
+  EXPECT_EQ(next[0].imm_data, 0xabcdef01U);
+  EXPECT_EQ(std::string(second.data(), 3), "hel");
+
+  const auto sent = poll(l.a, 2);
+  ASSERT_EQ(sent.size(), 2U);
+  EXPECT_EQ(sent[0].opcode, IBV_WC_SEND);
+  EXPECT_EQ(sent[0].wr_id, 2U);
+  EXPECT_EQ(sent[1].opcode, IBV_WC_SEND);
+  EXPECT_EQ(sent[1].wr_id, 3U);
+  EXPECT_EQ(provider.receives_posted(), 2U);
+  EXPECT_EQ(provider.rnr_naks(), 0U);
+}
+
+TEST_F(SoftVerbs, AWriteWithImmediateMovesItsBytesAndCompletesAReceiveWithoutItsBuffer) {
+  Link& l = link(LinkOptions{.local_bytes = {"payload"}});
+  std::array<char, 8> untouched{"intact"};
+  ibv_mr* umr = reg(l.b, untouched.data(), untouched.size());
+  ASSERT_EQ(post_receive(l.b, untouched.data(), 8, umr, 31), 0);
+  WorkRequest with_imm(IBV_WR_RDMA_WRITE_WITH_IMM, l.local.data(), l.lmr, 8, l.remote.data(), l.rmr->rkey, 5);
+  with_imm.with_immediate(0x01020304);
+  ASSERT_EQ(post(l.a, with_imm), 0);
+  const auto received = poll(l.b, 1);
+  ASSERT_EQ(received.size(), 1U);
+  EXPECT_EQ(received[0].wr_id, 31U);
+  EXPECT_EQ(received[0].opcode, IBV_WC_RECV_RDMA_WITH_IMM);
+  EXPECT_EQ(received[0].byte_len, 8U);
+  EXPECT_NE(received[0].wc_flags & IBV_WC_WITH_IMM, 0U);
+  EXPECT_EQ(received[0].imm_data, 0x01020304U);
+  EXPECT_EQ(l.remote, l.local);
+  EXPECT_STREQ(untouched.data(), "intact") << "a write with immediate left bytes in the receive's buffer";
+  const auto completions = poll(l.a, 1);
+  ASSERT_EQ(completions.size(), 1U);
+  EXPECT_EQ(completions[0].wr_id, 5U);
+  EXPECT_EQ(completions[0].opcode, IBV_WC_RDMA_WRITE);
+}
+
+TEST_F(SoftVerbs, ASendWithNoReceivePostedIsAnRnrErrorOnceRetriesAreSpent) {
+  rts_rnr_retry = 0;
+  Link& l = link();
+  std::array<char, 8> message{"lost"};
+  ibv_mr* mmr = reg(l.a, message.data(), message.size());
+  WorkRequest send(IBV_WR_SEND, message.data(), mmr, 8, nullptr, 0, 6);
+  WorkRequest behind = l.write(7);
+  send.then(behind);
+  ASSERT_EQ(post(l.a, send), 0);
+  const auto wc = poll(l.a, 2);
+  ASSERT_EQ(wc.size(), 2U);
+  EXPECT_EQ(wc[0].wr_id, 6U);
+  EXPECT_EQ(wc[0].status, IBV_WC_RNR_RETRY_EXC_ERR);
+  EXPECT_EQ(wc[1].wr_id, 7U);
+  EXPECT_EQ(wc[1].status, IBV_WC_WR_FLUSH_ERR) << "the request behind it waited, then flushed";
+  EXPECT_EQ(l.remote, Region{}) << "the write behind the SEND ran";
+  EXPECT_EQ(provider.rnr_naks(), 1U);
+  // The responder was not affected: no completion, no event, and a receive
+  // posted now waits instead of flushing.
+  std::array<char, 8> inbox{};
+  ibv_mr* imr = reg(l.b, inbox.data(), inbox.size());
+  ASSERT_EQ(post_receive(l.b, inbox.data(), 8, imr, 8), 0);
+  EXPECT_EQ(poll_once(l.b), 0);
+  EXPECT_FALSE(readable(l.b.ctx->async_fd, 0ms)) << "the responder raised an event";
+}
+
+TEST_F(SoftVerbs, AnRnrRetryOfSevenWaitsForAReceiveAndThenDelivers) {
+  Link& l = link();  // rnr_retry 7
+  std::array<char, 8> message{"later"}, inbox{};
+  ibv_mr* mmr = reg(l.a, message.data(), message.size());
+  ibv_mr* imr = reg(l.b, inbox.data(), inbox.size());
+  WorkRequest send(IBV_WR_SEND, message.data(), mmr, 8, nullptr, 0, 9);
+  ASSERT_EQ(post(l.a, send), 0);
+  ASSERT_TRUE(provider.wait_until([&] { return provider.rnr_naks() == 1; }, 1000ms));
+  EXPECT_EQ(poll_once(l.a), 0) << "completed without a receive";
+  EXPECT_EQ(provider.work_requests_executing_or_queued(), 1U);
+  ASSERT_EQ(post_receive(l.b, inbox.data(), 8, imr, 10), 0);
+  const auto received = poll(l.b, 1);
+  ASSERT_EQ(received.size(), 1U);
+  EXPECT_EQ(received[0].status, IBV_WC_SUCCESS);
+  EXPECT_STREQ(inbox.data(), "later");
+  expect_completion(l.a, IBV_WC_SUCCESS);
+}
+
+TEST_F(SoftVerbs, ASendLongerThanItsReceiveFailsBothSides) {
+  Link& l = link();
+  std::array<char, 16> message{"far too long"}, inbox{}, spare{};
+  ibv_mr* mmr = reg(l.a, message.data(), message.size());
+  ibv_mr* imr = reg(l.b, inbox.data(), inbox.size());
+  ibv_mr* smr = reg(l.b, spare.data(), spare.size());
+  ASSERT_EQ(post_receive(l.b, inbox.data(), 4, imr, 11), 0);
+  ASSERT_EQ(post_receive(l.b, spare.data(), 16, smr, 12), 0);
+  WorkRequest send(IBV_WR_SEND, message.data(), mmr, 13, nullptr, 0, 13);
+  ASSERT_EQ(post(l.a, send), 0);
+  expect_completion(l.a, IBV_WC_REM_INV_REQ_ERR);
+  const auto received = poll(l.b, 2);
+  ASSERT_EQ(received.size(), 2U);
+  EXPECT_EQ(received[0].wr_id, 11U);
+  EXPECT_EQ(received[0].status, IBV_WC_LOC_LEN_ERR);
+  EXPECT_EQ(received[1].wr_id, 12U);
+  EXPECT_EQ(received[1].status, IBV_WC_WR_FLUSH_ERR) << "the responder's QP stopped too";
+  EXPECT_EQ(inbox, decltype(inbox){}) << "bytes landed past a receive's end";
+}
+
+TEST_F(SoftVerbs, ReceivesArePostedFromInitWithinTheQueueDepthAndFlushInTheErrorState) {
+  Endpoint& e = endpoint(16, 64, 2);
+  std::array<char, 8> buffer{};
+  ibv_mr* mr = reg(e, buffer.data(), buffer.size());
+  EXPECT_EQ(post_receive(e, buffer.data(), 8, mr, 1), EINVAL) << "a QP in RESET takes no receive";
+  ASSERT_EQ(to_init(e), 0);
+  EXPECT_EQ(post_receive(e, buffer.data(), 8, mr, 1), 0);
+  EXPECT_EQ(post_receive(e, buffer.data(), 8, mr, 2), 0);
+  EXPECT_EQ(post_receive(e, buffer.data(), 8, mr, 3), ENOMEM) << "past cap.max_recv_wr";
+  ASSERT_EQ(set_state(e, IBV_QPS_ERR), 0);
+  auto flushed = poll(e, 2);
+  ASSERT_EQ(flushed.size(), 2U);
+  for (std::size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(flushed[i].wr_id, i + 1);
+    EXPECT_EQ(flushed[i].status, IBV_WC_WR_FLUSH_ERR);
+    EXPECT_EQ(flushed[i].opcode, IBV_WC_RECV);
+  }
+  EXPECT_EQ(post_receive(e, buffer.data(), 8, mr, 4), 0) << "a QP in the error state takes receives, and flushes them";
+  expect_completion(e, IBV_WC_WR_FLUSH_ERR);
+  EXPECT_EQ(provider.receives_posted(), 3U);
 }
 
 // ---- Completion channel -----------------------------------------------------

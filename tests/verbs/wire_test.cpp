@@ -132,5 +132,69 @@ TEST(VerbsWire, EndpointsNoQueuePairCouldHaveAreRefused) {
   EXPECT_TRUE(decode_endpoint(std::vector<std::byte>(max_peer_blob_size + 1)).error().is(errc::protocol));
 }
 
+std::vector<std::byte> bytes_of(std::initializer_list<std::uint8_t> values) {
+  std::vector<std::byte> out;
+  for (auto v : values) out.push_back(static_cast<std::byte>(v));
+  return out;
+}
+
+TEST(VerbsWire, MessagesAreTheDocumentedCvn1AndCvr1Records) {
+  // docs/backends.md, "Notifications": sequence 0x0102030405060708, tag 42;
+  // its acknowledgement, queue full.
+  const auto notify = bytes_of({0x43, 0x56, 0x4e, 0x31, 0x01, 0x08, 0x07, 0x06, 0x05, 0x04, 0x03,
+                                0x02, 0x01, 0x2a, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00});
+  const auto ack = bytes_of({0x43, 0x56, 0x52, 0x31, 0x01, 0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01, 0x01});
+  EXPECT_EQ(encode_message(NotifyMessage{0x0102030405060708, 42}), notify);
+  EXPECT_EQ(encode_message(AckMessage{0x0102030405060708, NotifyStatus::queue_full}), ack);
+  ASSERT_EQ(notify.size(), notify_message_size);
+  ASSERT_EQ(ack.size(), ack_message_size);
+  auto n = decode_message(notify);
+  ASSERT_TRUE(n) << n.error().message();
+  EXPECT_EQ(std::get<NotifyMessage>(n.value()), (NotifyMessage{0x0102030405060708, 42}));
+  auto a = decode_message(ack);
+  ASSERT_TRUE(a) << a.error().message();
+  EXPECT_EQ(std::get<AckMessage>(a.value()), (AckMessage{0x0102030405060708, NotifyStatus::queue_full}));
+}
+
+TEST(VerbsWire, EveryStatusRoundTripsAndNoOtherIsTaken) {
+  for (auto status : {NotifyStatus::queued, NotifyStatus::queue_full, NotifyStatus::not_accepted,
+                      NotifyStatus::shutting_down}) {
+    auto decoded = decode_message(encode_message(AckMessage{7, status}));
+    ASSERT_TRUE(decoded);
+    EXPECT_EQ(std::get<AckMessage>(decoded.value()).status, status);
+  }
+  auto bytes = encode_message(AckMessage{7, NotifyStatus::queued});
+  for (int status = 4; status < 256; ++status) {
+    bytes.back() = static_cast<std::byte>(status);
+    EXPECT_TRUE(decode_message(bytes).error().is(errc::protocol)) << status;
+  }
+}
+
+TEST(VerbsWire, AMessageOfAnyOtherSizeMagicOrVersionIsRefused) {
+  const auto notify = encode_message(NotifyMessage{1, 2});
+  const auto ack = encode_message(AckMessage{1, NotifyStatus::queued});
+  for (const auto& record : {notify, ack}) {
+    for (std::size_t n = 0; n <= record.size() + 8; ++n) {
+      if (n == record.size()) continue;
+      auto resized = record;
+      resized.resize(n, std::byte{0});
+      auto r = decode_message(resized);
+      // A cut or padded record is refused; the only other size taken is the
+      // other record's, whose magic then does not match.
+      ASSERT_FALSE(r) << n;
+      EXPECT_TRUE(r.error().is(errc::protocol)) << n;
+    }
+    for (std::size_t at = 0; at < 5; ++at) {
+      auto bad = record;
+      bad[at] ^= std::byte{0x20};
+      EXPECT_TRUE(decode_message(bad).error().is(errc::protocol)) << "byte " << at;
+    }
+  }
+  // Each magic with the other record's size.
+  auto swapped = ack;
+  std::copy(notify.begin(), notify.begin() + 4, swapped.begin());
+  EXPECT_TRUE(decode_message(swapped).error().is(errc::protocol));
+}
+
 }  // namespace
 }  // namespace corma::verbs::wire
