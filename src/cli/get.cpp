@@ -49,6 +49,7 @@ Result<Target> find_target(asio::io_context& io, const GetOptions& options, cons
     return Target{owner, nullptr};
   }
   CORMA_TRY(auto config, directory_config(options.directory));
+  config.watch = false;  // one fetch: nothing to keep fresh
   auto directory = std::make_shared<Directory>(io.get_executor(), config);
   auto resolving = directory->async_resolve(path, asio::use_future);
   io.run();

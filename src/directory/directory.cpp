@@ -137,7 +137,7 @@ struct Directory::State : std::enable_shared_from_this<State> {
   std::uint64_t changes_seen = 0;  ///< changes the watch reported, ever
 
   void start_watch() {
-    if (watch) return;
+    if (watch || !config.watch) return;
     directory::KeyWatch::Callbacks callbacks;
     callbacks.changed = [weak = weak_from_this()](const std::string& key) {
       if (auto self = weak.lock()) self->forget(key);

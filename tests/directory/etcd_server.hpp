@@ -12,6 +12,8 @@
 #include <gtest/gtest.h>
 
 #include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <optional>
@@ -44,7 +46,7 @@ class EtcdServer {
     }
     const auto client = "http://127.0.0.1:" + std::to_string(client_port_);
     const auto peer = "http://127.0.0.1:" + std::to_string(peer_port_);
-    process_.emplace(cli::testing::Process::start(
+    process_.emplace(spawn_dying_with_us(
         {binary, "--name", "corma-test", "--data-dir", data_.string(), "--listen-client-urls", client,
          "--advertise-client-urls", client, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
          "--initial-cluster", "corma-test=" + peer, "--log-level", "info"}));
@@ -69,6 +71,31 @@ class EtcdServer {
   }
 
  private:
+  /// Like Process::start, but the child is killed when this process dies
+  /// however it dies (a test killed by its timeout leaves no etcd behind).
+  static cli::testing::Process spawn_dying_with_us(const std::vector<std::string>& args) {
+    int pipe_fds[2];
+    EXPECT_EQ(::pipe2(pipe_fds, O_CLOEXEC), 0);
+    std::vector<char*> argv;
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    const pid_t parent = ::getpid();
+    cli::testing::Process p;
+    p.pid = ::fork();
+    if (p.pid == 0) {
+      // Only async-signal-safe calls between fork and exec.
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(127);
+      ::dup2(pipe_fds[1], STDOUT_FILENO);
+      ::dup2(pipe_fds[1], STDERR_FILENO);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+    ::close(pipe_fds[1]);
+    p.output = pipe_fds[0];
+    return p;
+  }
+
   static std::uint16_t free_port() {
     boost::asio::io_context io;
     boost::asio::ip::tcp::acceptor probe(io, {boost::asio::ip::make_address("127.0.0.1"), 0});

@@ -37,6 +37,10 @@ struct DirectoryConfig {
   std::chrono::milliseconds cache_ttl{1000};
   /// This machine's name, for the same-host-first rule; empty: the host name.
   std::string machine;
+  /// Keep the cache fresh with a watch on the cluster's keys (started by
+  /// the first resolution). Off for a one-shot lookup (a command that
+  /// resolves one name and exits): then every entry lives cache_ttl.
+  bool watch = true;
 };
 
 /// "HOST:PORT" or "http://HOST:PORT" (HOST an IP address) into a config.
