@@ -7,6 +7,7 @@
 #include "fetch_many.hpp"
 #include "parallel_fetch.hpp"
 #include "push_fetch.hpp"
+#include "directory_resolve.hpp"
 #include "one_sided.hpp"
 #include "registration_reuse.hpp"
 #include "file_fetch.hpp"
@@ -531,6 +532,9 @@ std::vector<Measurement> run_scenarios(const Options& options) {
     for (const auto& transport : options.transports) keep(parallel_fetch(options, transport));
   }
   if (selected(options, "push_fetch")) keep(push_fetch(options, "tcp"));
+  if (selected(options, "directory_resolve")) {
+    for (auto& m : directory_resolve(options)) keep(std::move(m));
+  }
   if (selected(options, "file_fetch")) {
     keep(file_fetch_chunked(options));
     keep(file_fetch_windows(options));

@@ -1,0 +1,130 @@
+// A private etcd for tests and benchmarks: free loopback ports, a
+// temporary data directory, and a child that dies with this process
+// however it dies. Started again, it keeps its ports and its data.
+#pragma once
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace corma::testing {
+
+class EtcdProcess {
+ public:
+  static constexpr const char* binary = "/usr/bin/etcd";
+
+  EtcdProcess()
+      : data_(std::filesystem::temp_directory_path() /
+              ("corma-etcd-" + std::to_string(::getpid()) + "-" + std::to_string(next_instance()))) {}
+  EtcdProcess(const EtcdProcess&) = delete;
+  EtcdProcess& operator=(const EtcdProcess&) = delete;
+  ~EtcdProcess() {
+    stop();
+    std::filesystem::remove_all(data_);
+  }
+
+  /// Why etcd cannot run here, if it cannot.
+  static std::optional<std::string> missing() {
+    if (std::filesystem::exists(binary)) return std::nullopt;
+    return std::string("no etcd at ") + binary + " (scripts/setup installs Debian's etcd-server)";
+  }
+
+  /// Starts etcd and waits until it serves clients; false (with what it
+  /// said in output()) when it does not within `limit`.
+  bool start(std::chrono::milliseconds limit = std::chrono::seconds(20)) {
+    if (client_port_ == 0) {
+      client_port_ = free_port();
+      peer_port_ = free_port();
+    }
+    const auto client = "http://127.0.0.1:" + std::to_string(client_port_);
+    const auto peer = "http://127.0.0.1:" + std::to_string(peer_port_);
+    spawn({binary, "--name", "corma-test", "--data-dir", data_.string(), "--listen-client-urls", client,
+           "--advertise-client-urls", client, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+           "--initial-cluster", "corma-test=" + peer});
+    return wait_for_output("ready to serve client requests", limit);
+  }
+
+  /// Stops it as a crash would (SIGKILL): clients see it gone at once.
+  void stop() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+    ::close(output_fd_);
+    output_fd_ = -1;
+  }
+
+  [[nodiscard]] std::uint16_t client_port() const noexcept { return client_port_; }
+  [[nodiscard]] const std::string& output() const noexcept { return output_; }
+
+ private:
+  static int next_instance() {
+    static int instance = 0;
+    return ++instance;
+  }
+
+  static std::uint16_t free_port() {
+    boost::asio::io_context io;
+    boost::asio::ip::tcp::acceptor probe(io, {boost::asio::ip::make_address("127.0.0.1"), 0});
+    return probe.local_endpoint().port();
+  }
+
+  void spawn(const std::vector<std::string>& args) {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) return;
+    std::vector<char*> argv;
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    const pid_t parent = ::getpid();
+    output_.clear();
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      // Only async-signal-safe calls between fork and exec.
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(127);
+      ::dup2(fds[1], STDOUT_FILENO);
+      ::dup2(fds[1], STDERR_FILENO);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+    ::close(fds[1]);
+    output_fd_ = fds[0];
+  }
+
+  bool wait_for_output(const std::string& text, std::chrono::milliseconds limit) {
+    const auto until = std::chrono::steady_clock::now() + limit;
+    while (output_.find(text) == std::string::npos) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+      if (left.count() <= 0 || output_fd_ < 0) return false;
+      pollfd ready{output_fd_, POLLIN, 0};
+      if (::poll(&ready, 1, static_cast<int>(left.count())) <= 0) return false;
+      char buffer[4096];
+      const auto n = ::read(output_fd_, buffer, sizeof buffer);
+      if (n <= 0) return false;
+      output_.append(buffer, static_cast<std::size_t>(n));
+    }
+    return true;
+  }
+
+  std::filesystem::path data_;
+  std::uint16_t client_port_ = 0;
+  std::uint16_t peer_port_ = 0;
+  pid_t pid_ = -1;
+  int output_fd_ = -1;
+  std::string output_;
+};
+
+}  // namespace corma::testing
