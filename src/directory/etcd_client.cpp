@@ -34,6 +34,15 @@ std::int64_t int64_field(const Json& object, const char* name) {
 
 }  // namespace
 
+http::request<http::string_body> json_post(const std::string& host, const char* path, const Json& body) {
+  http::request<http::string_body> request{http::verb::post, path, 11};
+  request.set(http::field::host, host);
+  request.set(http::field::content_type, "application/json");
+  request.body() = body.dump();
+  request.prepare_payload();
+  return request;
+}
+
 std::string prefix_end(std::string prefix) {
   // The prefix with its last byte that is not 0xFF incremented, the rest dropped.
   while (!prefix.empty()) {
@@ -79,11 +88,8 @@ asio::awaitable<Result<Json>> EtcdClient::call(const char* path, const Json& bod
 
 asio::awaitable<Result<Json>> EtcdClient::call_once(const char* path, const Json& body) {
   CORMA_CO_TRY(auto stream, co_await connection());
-  http::request<http::string_body> request{http::verb::post, path, 11};
-  request.set(http::field::host, host_);
-  request.set(http::field::content_type, "application/json");
+  auto request = json_post(host_, path, body);
   request.keep_alive(true);
-  request.body() = body.dump();
   request.prepare_payload();
   stream.expires_after(timeout_);
   if (auto [ec, n] = co_await http::async_write(stream, request, as_result); ec) co_return unreachable(path, ec);

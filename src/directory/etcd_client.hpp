@@ -12,6 +12,7 @@
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
+#include <boost/beast/http/string_body.hpp>
 #include <nlohmann/json.hpp>
 
 #include <chrono>
@@ -73,6 +74,11 @@ class EtcdClient {
 /// The first key after every key starting with `prefix` (etcd's range_end
 /// for a prefix).
 [[nodiscard]] std::string prefix_end(std::string prefix);
+
+/// A POST of `body` to `path` of etcd's gateway at `host`, as every call
+/// (and the watch) sends it.
+[[nodiscard]] boost::beast::http::request<boost::beast::http::string_body> json_post(const std::string& host,
+                                                                                      const char* path, const Json& body);
 
 [[nodiscard]] std::string to_base64(std::string_view bytes);
 [[nodiscard]] Result<std::string> from_base64(std::string_view text);

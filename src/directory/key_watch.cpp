@@ -76,11 +76,7 @@ asio::awaitable<bool> KeyWatch::watch_once() {
     co_return false;
   }
   const Json create{{"create_request", {{"key", to_base64(prefix_)}, {"range_end", to_base64(prefix_end(prefix_))}}}};
-  http::request<http::string_body> request{http::verb::post, "/v3/watch", 11};
-  request.set(http::field::host, host_);
-  request.set(http::field::content_type, "application/json");
-  request.body() = create.dump();
-  request.prepare_payload();
+  auto request = json_post(host_, "/v3/watch", create);
   if (auto [written, n] = co_await http::async_write(stream->socket, request, as_result); written || stopped_) {
     co_return false;
   }
