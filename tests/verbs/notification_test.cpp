@@ -143,7 +143,9 @@ TEST_F(VerbsNotifications, EveryByteAPeerSendsIsCheckedAndWhatIsNoRecordIsDroppe
   ASSERT_TRUE(ack);
   EXPECT_EQ(*ack, ack_record(78, wire::NotifyStatus::queued));
   EXPECT_EQ(b->refused_notifications(), dropped);
-  EXPECT_EQ(fabric.rnr_naks(), 0u);
+  // No RNR check here: this peer keeps to no credits, and on a loaded
+  // machine it can outrun the reposting of receives (it retries then). The
+  // credit tests below check that well-behaved peers never meet one.
 }
 
 // ---- credits ----------------------------------------------------------------
