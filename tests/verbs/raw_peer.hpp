@@ -105,7 +105,7 @@ class RawPeer {
   /// of no bytes) and waits for its completion: its status.
   ibv_wc_status send(std::span<const std::byte> bytes, ibv_wr_opcode opcode = IBV_WR_SEND, std::uint32_t imm = 0) {
     std::byte* out = buffer_.data() + std::size_t{receives} * slot;
-    std::memcpy(out, bytes.data(), bytes.size());
+    if (!bytes.empty()) std::memcpy(out, bytes.data(), bytes.size());  // an empty span's data() may be null
     ibv_sge sge{reinterpret_cast<std::uint64_t>(out), static_cast<std::uint32_t>(bytes.size()), mr_->lkey};
     ibv_send_wr wr{};
     wr.wr_id = ++sent_;
