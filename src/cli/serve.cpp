@@ -107,8 +107,13 @@ int run_serve(const ServeOptions& options) {
     std::printf("corma serve: announcing %s in the directory at %s under %s\n", announcement.owner.id.c_str(),
                 options.directory.address.c_str(), options.directory.key_prefix.c_str());
     // Announced in the background: an owner serves whether or not etcd is up.
-    directory->async_announce(announcement, [](Result<void> announced) {
-      if (!announced) std::fprintf(stderr, "corma serve: not announced: %s\n", announced.error().message().c_str());
+    directory->async_announce(announcement, [id = announcement.owner.id](Result<void> announced) {
+      if (!announced) {
+        std::fprintf(stderr, "corma serve: not announced: %s\n", announced.error().message().c_str());
+        return;
+      }
+      std::printf("corma serve: announced %s\n", id.c_str());
+      std::fflush(stdout);
     });
   }
   std::fflush(stdout);

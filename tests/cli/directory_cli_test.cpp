@@ -26,7 +26,8 @@ class DirectoryCli : public TwoProcesses {
 
   Process announced_owner(const std::string& id) {
     auto owner = serve({"--directory", directory, "--owner-id", id, "--announce-ttl", "2"});
-    EXPECT_TRUE(owner.wait_for_output("announcing " + id)) << owner.captured;
+    // Announced (in etcd), not only announcing: a get may follow at once.
+    EXPECT_TRUE(owner.wait_for_output("announced " + id)) << owner.captured;
     return owner;
   }
 
