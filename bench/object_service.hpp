@@ -61,6 +61,7 @@ class ObjectService {
                 "consumer");
   }
   [[nodiscard]] const std::shared_ptr<Registry>& consumer_registry() const { return consumer_registry_; }
+  [[nodiscard]] boost::asio::ip::tcp::endpoint endpoint() const { return acceptor_.local_endpoint(); }
   [[nodiscard]] std::byte* objects() { return objects_.data(); }
 
   boost::asio::io_context io{1};

@@ -8,6 +8,7 @@
 #include "parallel_fetch.hpp"
 #include "push_fetch.hpp"
 #include "directory_resolve.hpp"
+#include "replica_fetch.hpp"
 #include "one_sided.hpp"
 #include "registration_reuse.hpp"
 #include "file_fetch.hpp"
@@ -527,6 +528,7 @@ std::vector<Measurement> run_scenarios(const Options& options) {
       keep(fetch_many_objects(options, transport, 64 * KiB, false));
       keep(fetch_many_objects(options, transport, 4 * KiB, true));
     }
+    if (auto replicated = fetch_many_replicas(options)) keep(std::move(*replicated));
   }
   if (selected(options, "parallel_fetch")) {
     for (const auto& transport : options.transports) keep(parallel_fetch(options, transport));

@@ -2,7 +2,13 @@
 // order, a pooled connection each, the next owner when one is lost.
 #include <corma/cluster_consumer.hpp>
 
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
 
 #include <functional>
 #include <map>
@@ -105,6 +111,97 @@ asio::awaitable<Result<ClusterOutcome>> ClusterConsumer::fetch_into(std::string 
     co_return co_await consumer.async_fetch_into(name, destination);
   };
   co_return co_await state->fetch(name, from_owner);
+}
+
+asio::awaitable<Result<ClusterManyFetched>> ClusterConsumer::fetch_many(std::vector<std::string> names,
+                                                                       std::vector<FetchSlot> slots) {
+  auto state = state_;
+  if (names.size() != slots.size()) {
+    co_return fail(errc::out_of_range, std::to_string(names.size()) + " names for " + std::to_string(slots.size()) +
+                                           " destinations");
+  }
+  ClusterManyFetched result;
+  result.outcomes.assign(names.size(), fail(errc::peer_unreachable, "not fetched"));
+  result.owners.assign(names.size(), {});
+  // Each name's owners, best first, and the next one to try.
+  std::vector<std::vector<OwnerEntry>> candidates(names.size());
+  std::vector<std::size_t> next(names.size(), 0);
+  std::vector<std::size_t> pending;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    auto owners = co_await state->directory->async_resolve(names[i]);
+    if (!owners) {
+      result.outcomes[i] = std::move(owners).error();
+      continue;
+    }
+    candidates[i] = std::move(owners).value();
+    pending.push_back(i);
+  }
+  // Rounds: every pending name to its next owner; the names of one owner
+  // fetched together, the owners at once; the names whose owner failed go
+  // round again with their next owner.
+  while (!pending.empty()) {
+    std::map<std::string, std::vector<std::size_t>> by_owner;
+    std::map<std::string, const OwnerEntry*> owner_of;
+    std::vector<std::size_t> exhausted;
+    for (auto i : pending) {
+      if (next[i] == candidates[i].size()) {
+        exhausted.push_back(i);
+        continue;
+      }
+      const auto& owner = candidates[i][next[i]++];
+      by_owner[owner.id].push_back(i);
+      owner_of[owner.id] = &owner;
+    }
+    pending.clear();
+    std::size_t running = by_owner.size();
+    asio::steady_timer all_done(state->executor, asio::steady_timer::time_point::max());
+    for (auto& [id, indices] : by_owner) {
+      asio::co_spawn(
+          state->executor,
+          [&, owner = owner_of[id], indices = indices]() -> asio::awaitable<void> {
+            std::vector<std::string> subset_names;
+            std::vector<FetchSlot> subset_slots;
+            for (auto i : indices) {
+              subset_names.push_back(names[i]);
+              subset_slots.push_back(slots[i]);
+            }
+            auto consumer = co_await state->connected(*owner);
+            Result<ManyFetched> fetched = fail(errc::peer_unreachable, "not connected");
+            if (consumer) {
+              fetched = co_await consumer.value()->async_fetch_many(std::move(subset_names), std::move(subset_slots));
+            } else {
+              fetched = std::move(consumer).error();
+            }
+            bool lost = false;
+            for (std::size_t k = 0; k < indices.size(); ++k) {
+              const auto i = indices[k];
+              Result<FetchOutcome> outcome = fetched ? std::move(fetched.value()[k]) : Result<FetchOutcome>(fetched.error());
+              if (outcome) {
+                result.outcomes[i] = std::move(outcome);
+                result.owners[i] = owner->id;
+              } else if (owner_failed(outcome.error())) {
+                lost = lost || !outcome.error().is(errc::region_not_found);
+                result.outcomes[i] = std::move(outcome).error();
+                pending.push_back(i);  // to its next owner
+              } else {
+                result.outcomes[i] = std::move(outcome).error();
+              }
+            }
+            if (lost) state->pool.erase(owner->id);
+            if (--running == 0) all_done.cancel();
+          },
+          asio::detached);
+    }
+    // Deaf to cancellation: the owners' fetches use this frame's state
+    // until they end (each ends within its connection's io timeout).
+    while (running > 0) {
+      all_done.expires_at(asio::steady_timer::time_point::max());
+      (void)co_await all_done.async_wait(
+          asio::bind_cancellation_slot(asio::cancellation_slot(), asio::as_tuple(asio::use_awaitable)));
+    }
+    (void)exhausted;  // their last owner's error stays their outcome
+  }
+  co_return result;
 }
 
 }  // namespace corma

@@ -122,8 +122,14 @@ struct Directory::State : std::enable_shared_from_this<State> {
 
   // ---- the consumer's side ----
   /// One family of keys (owners, names of one name, prefixes) as last read.
-  struct Cached {
+  /// What one family of keys held when read; the owners' entries decoded
+  /// once, when that family is read.
+  struct Family {
     std::vector<directory::KeyValue> kvs;
+    std::map<std::string, OwnerEntry, std::less<>> owners;
+  };
+  struct Cached {
+    std::shared_ptr<const Family> family;
     clock_type::time_point read;
     std::uint64_t epoch = 0;  ///< the watch's epoch it was read in (0: no live watch)
   };
@@ -176,32 +182,43 @@ struct Directory::State : std::enable_shared_from_this<State> {
 
   /// The keys under `prefix`: from the cache while fresh, else from etcd;
   /// from the old cache entry when etcd cannot be reached (`stale` set).
-  asio::awaitable<Result<std::vector<directory::KeyValue>>> keys_under(const std::string& prefix, bool& stale) {
+  asio::awaitable<Result<std::shared_ptr<const Family>>> keys_under(const std::string& prefix, bool& stale) {
     start_watch();
     auto it = cache.find(prefix);
     const auto now = clock_type::now();
     if (it != cache.end() && fresh(it->second, now)) {
       ++stats.cache_hits;
-      co_return it->second.kvs;
+      co_return it->second.family;
     }
     const auto epoch = watch_live ? watch_epoch : 0;
     const auto changes_before = changes_seen;
     auto read = co_await client.range_prefix(prefix);
     if (!read) {
       ++stats.etcd_failures;
+      it = cache.find(prefix);  // the read may have outlived an entry the watch dropped
       if (it == cache.end()) co_return std::move(read).error();
       stale = true;
-      co_return it->second.kvs;
+      co_return it->second.family;
+    }
+    auto family = std::make_shared<Family>();
+    family->kvs = std::move(read).value().kvs;
+    if (prefix == directory::owners_prefix(config)) {
+      for (const auto& kv : family->kvs) {
+        const auto id = std::string_view(kv.key).substr(prefix.size());
+        // An entry that is not one is skipped: another writer's mistake must
+        // not hide the owners that announced themselves properly.
+        if (auto owner = directory::decode_owner(id, kv.value)) family->owners.emplace(id, std::move(owner).value());
+      }
     }
     // Bounded: past this many names the cache starts over.
     if (cache.size() >= max_cached_families) cache.clear();
     auto& entry = cache[prefix];
-    entry.kvs = std::move(read).value().kvs;
+    entry.family = std::move(family);
     entry.read = now;
     // Good while the watch that was live before the read stays live, unless
     // a change came during the read (the read may predate it).
     entry.epoch = watch_live && watch_epoch == epoch && changes_seen == changes_before ? epoch : 0;
-    co_return entry.kvs;
+    co_return entry.family;
   }
 };
 
@@ -261,25 +278,21 @@ asio::awaitable<Result<std::vector<OwnerEntry>>> Directory::resolve(std::string 
   bool stale = false;
   std::set<std::string> ids;
   CORMA_CO_TRY(auto named, co_await state->keys_under(directory::name_key(config, name, ""), stale));
-  for (const auto& kv : named) {
+  for (const auto& kv : named->kvs) {
     if (auto split = directory::split_name_key(kv.key, directory::names_prefix(config)); split && split->name == name) {
       ids.insert(split->owner);
     }
   }
   CORMA_CO_TRY(auto prefixed, co_await state->keys_under(directory::prefixes_prefix(config), stale));
-  for (const auto& kv : prefixed) {
+  for (const auto& kv : prefixed->kvs) {
     auto split = directory::split_name_key(kv.key, directory::prefixes_prefix(config));
     if (split && name.starts_with(split->name)) ids.insert(split->owner);
   }
   if (ids.empty()) co_return fail(errc::region_not_found, "no owner announces '" + name + "'");
-  CORMA_CO_TRY(auto owner_kvs, co_await state->keys_under(directory::owners_prefix(config), stale));
+  CORMA_CO_TRY(auto known, co_await state->keys_under(directory::owners_prefix(config), stale));
   std::vector<OwnerEntry> owners;
-  for (const auto& kv : owner_kvs) {
-    const auto id = std::string_view(kv.key).substr(directory::owners_prefix(config).size());
-    if (!ids.contains(std::string(id))) continue;
-    // An entry that is not one is skipped: another writer's mistake must
-    // not hide the owners that announced themselves properly.
-    if (auto owner = directory::decode_owner(id, kv.value)) owners.push_back(std::move(owner).value());
+  for (const auto& id : ids) {
+    if (auto it = known->owners.find(id); it != known->owners.end()) owners.push_back(it->second);
   }
   if (owners.empty()) co_return fail(errc::region_not_found, "the owners announcing '" + name + "' are gone");
   if (stale) ++state->stats.stale_resolutions;

@@ -14,24 +14,36 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
+
+#include "support/test_backend.hpp"
 
 namespace {
 
 namespace asio = boost::asio;
 using corma::errc;
 
-/// An owner serving `bytes` as "obj" (chunks only), announced as `id`.
+/// An owner serving `bytes` as "obj" and, sliced, as "part-<i>" (chunks
+/// only), announced as `id`.
 struct AnnouncedOwner {
+  static constexpr std::size_t parts = 40;
+  static constexpr std::size_t part_size = 4096;
+
   AnnouncedOwner(asio::io_context& io, const corma::DirectoryConfig& config, std::string id, std::uint64_t load,
                  const std::vector<std::byte>& bytes)
       : acceptor(io, {asio::ip::make_address("127.0.0.1"), 0}),
         owner(io.get_executor(), nullptr),
         directory(io.get_executor(), config) {
     owner.publish("obj", corma::PublishedObject{bytes, nullptr});
-    asio::co_spawn(io, owner.serve(acceptor), asio::detached);
     corma::Announcement a;
-    a.owner = corma::OwnerEntry{std::move(id), "127.0.0.1", acceptor.local_endpoint().port(), "host", "none", 3, load};
     a.names = {"obj"};
+    for (std::size_t i = 0; i < parts; ++i) {
+      owner.publish("part-" + std::to_string(i),
+                    corma::PublishedObject{std::span(bytes).subspan(i * part_size, part_size), nullptr});
+      a.names.push_back("part-" + std::to_string(i));
+    }
+    asio::co_spawn(io, owner.serve(acceptor), asio::detached);
+    a.owner = corma::OwnerEntry{std::move(id), "127.0.0.1", acceptor.local_endpoint().port(), "host", "none", 3, load};
     a.ttl = std::chrono::seconds(5);
     announced = corma::testing::run(io, directory.async_announce(std::move(a)));
   }
@@ -105,6 +117,47 @@ TEST_F(ClusterConsumerTest, ALostOwnerIsReplacedByTheNextReplicaAndTheOutcomeSay
   ASSERT_FALSE(none);
   EXPECT_TRUE(none.error().is(errc::peer_unreachable)) << none.error().message();
   primary.reset();
+}
+
+TEST_F(ClusterConsumerTest, ASetIsSpreadOverTheReplicasAndALostOwnersObjectsGoToTheOthers) {
+  auto first = std::make_unique<AnnouncedOwner>(io, config(), "owner-1", 0, bytes);
+  AnnouncedOwner second(io, config(), "owner-2", 0, bytes);
+  corma::ClusterConsumer cluster(io.get_executor(), std::make_shared<corma::Directory>(io.get_executor(), config()),
+                                 nullptr);
+  std::vector<std::byte> landing(AnnouncedOwner::parts * AnnouncedOwner::part_size);
+  corma::Registry registry(corma::testing::TestBackend::create(), corma::RegistryConfig{1 << 30, 0});
+  auto region =
+      corma::testing::run(io, registry.async_register(landing, corma::Access::local, asio::use_awaitable)).value();
+  auto fetch_all = [&] {
+    std::fill(landing.begin(), landing.end(), std::byte{0});
+    std::vector<std::string> names;
+    std::vector<corma::FetchSlot> slots;
+    for (std::size_t i = 0; i < AnnouncedOwner::parts; ++i) {
+      names.push_back("part-" + std::to_string(i));
+      slots.push_back({&region, i * AnnouncedOwner::part_size, AnnouncedOwner::part_size});
+    }
+    return corma::testing::run(io, cluster.async_fetch_many(std::move(names), std::move(slots)));
+  };
+  const std::span whole(bytes.data(), landing.size());
+  auto spread = fetch_all();
+  ASSERT_TRUE(spread) << spread.error().message();
+  std::map<std::string, int> served;
+  for (std::size_t i = 0; i < AnnouncedOwner::parts; ++i) {
+    ASSERT_TRUE(spread.value().outcomes[i]) << spread.value().outcomes[i].error().message();
+    ++served[spread.value().owners[i]];
+  }
+  EXPECT_EQ(served.size(), 2u) << "equal owners share the set (the name's hash orders them)";
+  EXPECT_TRUE(std::equal(landing.begin(), landing.end(), whole.begin()));
+
+  first->kill();
+  auto replanned = fetch_all();
+  ASSERT_TRUE(replanned) << replanned.error().message();
+  for (std::size_t i = 0; i < AnnouncedOwner::parts; ++i) {
+    ASSERT_TRUE(replanned.value().outcomes[i]) << replanned.value().outcomes[i].error().message();
+    EXPECT_EQ(replanned.value().owners[i], "owner-2");
+  }
+  EXPECT_TRUE(std::equal(landing.begin(), landing.end(), whole.begin()));
+  first.reset();
 }
 
 TEST_F(ClusterConsumerTest, AnUnannouncedNameIsNotFound) {

@@ -31,6 +31,13 @@ struct ClusterOutcome {
   std::vector<Failed> failed;
 };
 
+/// async_fetch_many's answer: per name, its outcome and the owner that
+/// served it.
+struct ClusterManyFetched {
+  ManyFetched outcomes;
+  std::vector<std::string> owners;
+};
+
 class ClusterConsumer {
  public:
   using DefaultToken = Directory::DefaultToken;
@@ -61,6 +68,20 @@ class ClusterConsumer {
     return detail::as_operation(executor(), fetch_into(std::move(name), destination), std::forward<Token>(token));
   }
 
+  /// Fetches every object of `names` into its slot (as
+  /// Consumer::async_fetch_many), spread over the owners: each name goes to
+  /// the first owner of its directory order, the names of one owner go in
+  /// one async_fetch_many, and the owners' sets run at once. The objects of
+  /// an owner lost meanwhile (or that did not have them) are planned again
+  /// on their next owner, once per owner. One outcome per name, in order,
+  /// and the owner that served each (empty where none did). Completes with
+  /// Result<ClusterManyFetched>.
+  template <class Token = DefaultToken>
+  auto async_fetch_many(std::vector<std::string> names, std::vector<FetchSlot> slots, Token&& token = {}) {
+    return detail::as_operation(executor(), fetch_many(std::move(names), std::move(slots)),
+                                std::forward<Token>(token));
+  }
+
   /// Owners connected now.
   [[nodiscard]] std::size_t pooled() const;
 
@@ -71,6 +92,8 @@ class ClusterConsumer {
   [[nodiscard]] boost::asio::awaitable<Result<ClusterOutcome>> fetch_to(std::string name,
                                                                          StreamDestination destination);
   [[nodiscard]] boost::asio::awaitable<Result<ClusterOutcome>> fetch_into(std::string name, RegionGuard& destination);
+  [[nodiscard]] boost::asio::awaitable<Result<ClusterManyFetched>> fetch_many(std::vector<std::string> names,
+                                                                             std::vector<FetchSlot> slots);
 
   std::shared_ptr<State> state_;
 };
