@@ -692,14 +692,15 @@ void Backend::Engine::on_completion(const ibv_wc& wc) {
       if (!waiting.backlog.empty() || !waiting.acks_due.empty()) schedule_pump(id, waiting);
     }
   }
-  after_completion(wc, peer_id, peer);
+  after_completion(wc, peer_id, peer, /*cause_follows=*/false);
 }
 
-void Backend::Engine::after_completion(const ibv_wc& wc, PeerId peer_id, Peer* peer) {
+void Backend::Engine::after_completion(const ibv_wc& wc, PeerId peer_id, Peer* peer, bool cause_follows) {
   if (peer == nullptr) return;
   // A failed completion puts an RC queue pair in the error state: the peer
-  // is broken, the rest of its work flushes.
-  if (wc.status != IBV_WC_SUCCESS && !peer->broken) {
+  // is broken, the rest of its work flushes. Unless its cause is still to
+  // come on the send queue: then the peer breaks with that cause.
+  if (wc.status != IBV_WC_SUCCESS && !peer->broken && !cause_follows) {
     break_peer(*peer, Error{errc::peer_unreachable, "verbs: the queue pair entered the error state"});
   }
   if (peer->closed && drained(*peer)) return destroy_peer(peers.find(peer_id));

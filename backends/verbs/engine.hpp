@@ -212,7 +212,7 @@ struct Backend::Engine final : backend_kit::TransferEngine<VerbsTransferOp> {
   void on_completion(const ibv_wc& wc);
   /// What every completion does for its peer: an error breaks it, a closed
   /// one goes once drained, freed room is refilled.
-  void after_completion(const ibv_wc& wc, PeerId peer_id, Peer* peer);
+  void after_completion(const ibv_wc& wc, PeerId peer_id, Peer* peer, bool cause_follows);
   /// One of `op`'s work requests completed.
   void on_work_completed(VerbsTransferOp& op, const ibv_wc& wc, PeerId peer_id, Peer* peer);
   /// An atomic's work request succeeded, leaving the word's old value: true

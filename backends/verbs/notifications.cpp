@@ -160,7 +160,12 @@ void Backend::Engine::on_receive(const ibv_wc& wc) {
       post_receive(peer, slot);
     }
   }
-  after_completion(wc, peer_id, &peer);
+  // Receives complete on a queue of their own, so a receive flushed by the
+  // error state can be polled before the failed send that caused it. While
+  // sends are posted, one of them completes with that cause (every send is
+  // signalled), and the flushes behind a failed put must hear of it.
+  const bool cause_follows = wc.status == IBV_WC_WR_FLUSH_ERR && peer.outstanding > 0;
+  after_completion(wc, peer_id, &peer, cause_follows);
 }
 
 wire::NotifyStatus Backend::Engine::accept_notification(const Peer& peer, std::uint64_t tag) {

@@ -18,6 +18,8 @@ namespace corma::programs {
 inline constexpr int exit_failed = 1;
 inline constexpr int exit_hung = 2;
 inline constexpr int exit_usage = 64;
+/// The situation the program exists to create could not be made here.
+inline constexpr int exit_not_made = 3;
 
 [[noreturn]] inline void fail_run(const std::string& why) {
   std::fprintf(stderr, "FAILED: %s\n", why.c_str());

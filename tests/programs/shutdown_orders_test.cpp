@@ -7,6 +7,7 @@
 // 1.13 aborted the process in a quarter of those runs until the backend
 // settled its worker before destroying it (backends/ucx/engine_shutdown.cpp).
 // Four children at a time, so an order takes seconds.
+#include "programs/child.hpp"
 #include "programs/children.hpp"
 
 #include <string>
@@ -39,6 +40,7 @@ TEST_P(UcxShutdownOrders, NeverAbortAndAnswerEveryCaller) {
 TEST(UcxWireUp, ATargetShuttingDownWithItsReplyQueuedSurvives) {
   const std::vector<std::string> child = {CORMA_REPLY_PENDING, "5"};
   const auto result = run_children({child}, std::chrono::seconds(40)).front();
+  if (result.status == corma::programs::exit_not_made) GTEST_SKIP() << describe(child, result);
   EXPECT_EQ(result.status, 0) << describe(child, result);
 }
 
