@@ -127,13 +127,14 @@ asio::awaitable<Result<ClusterManyFetched>> ClusterConsumer::fetch_many(std::vec
   std::vector<std::vector<OwnerEntry>> candidates(names.size());
   std::vector<std::size_t> next(names.size(), 0);
   std::vector<std::size_t> pending;
+  auto to_resolve = names;
+  CORMA_CO_TRY(auto resolved, co_await state->directory->async_resolve_many(std::move(to_resolve)));
   for (std::size_t i = 0; i < names.size(); ++i) {
-    auto owners = co_await state->directory->async_resolve(names[i]);
-    if (!owners) {
-      result.outcomes[i] = std::move(owners).error();
+    if (!resolved[i]) {
+      result.outcomes[i] = std::move(resolved[i]).error();
       continue;
     }
-    candidates[i] = std::move(owners).value();
+    candidates[i] = std::move(resolved[i]).value();
     pending.push_back(i);
   }
   // Rounds: every pending name to its next owner; the names of one owner

@@ -180,28 +180,63 @@ struct Directory::State : std::enable_shared_from_this<State> {
   std::map<std::string, Cached, std::less<>> cache;
   static constexpr std::size_t max_cached_families = 65536;
 
-  /// The keys under `prefix`: from the cache while fresh, else from etcd;
-  /// from the old cache entry when etcd cannot be reached (`stale` set).
-  asio::awaitable<Result<std::shared_ptr<const Family>>> keys_under(const std::string& prefix, bool& stale) {
+  using FamilyRead = Result<std::shared_ptr<const Family>>;
+
+  /// The keys under each of `prefixes`: from the cache while fresh, the
+  /// rest from etcd in one pass (transactions of up to 128 ranges); from
+  /// the old cache entry when etcd cannot be reached (`stale` set), or the
+  /// error where there is none.
+  asio::awaitable<std::vector<FamilyRead>> keys_under(const std::vector<std::string>& prefixes, bool& stale) {
     start_watch();
-    auto it = cache.find(prefix);
+    std::vector<FamilyRead> families(prefixes.size(), fail(errc::region_not_found, "not read"));
+    std::vector<std::string> missing;
+    std::vector<std::size_t> missing_at;
     const auto now = clock_type::now();
-    if (it != cache.end() && fresh(it->second, now)) {
-      ++stats.cache_hits;
-      co_return it->second.family;
+    for (std::size_t i = 0; i < prefixes.size(); ++i) {
+      if (auto it = cache.find(prefixes[i]); it != cache.end() && fresh(it->second, now)) {
+        ++stats.cache_hits;
+        families[i] = it->second.family;
+      } else {
+        missing.push_back(prefixes[i]);
+        missing_at.push_back(i);
+      }
     }
+    if (missing.empty()) co_return families;
     const auto epoch = watch_live ? watch_epoch : 0;
     const auto changes_before = changes_seen;
-    auto read = co_await client.range_prefix(prefix);
+    auto read = co_await client.range_prefixes(missing);
     if (!read) {
       ++stats.etcd_failures;
-      it = cache.find(prefix);  // the read may have outlived an entry the watch dropped
-      if (it == cache.end()) co_return std::move(read).error();
-      stale = true;
-      co_return it->second.family;
+      for (auto i : missing_at) {
+        // Looked up after the read: it may have outlived an entry the watch dropped.
+        if (auto it = cache.find(prefixes[i]); it != cache.end()) {
+          stale = true;
+          families[i] = it->second.family;
+        } else {
+          families[i] = read.error();
+        }
+      }
+      co_return families;
     }
+    // Good while the watch that was live before the read stays live, unless
+    // a change came during the read (the read may predate it).
+    const auto good_in = watch_live && watch_epoch == epoch && changes_seen == changes_before ? epoch : 0;
+    for (std::size_t k = 0; k < missing.size(); ++k) {
+      families[missing_at[k]] = store(missing[k], std::move(read.value()[k].kvs), now, good_in);
+    }
+    co_return families;
+  }
+
+  asio::awaitable<FamilyRead> keys_under(const std::string& prefix, bool& stale) {
+    const std::vector<std::string> one{prefix};
+    auto families = co_await keys_under(one, stale);
+    co_return std::move(families.front());
+  }
+
+  std::shared_ptr<const Family> store(const std::string& prefix, std::vector<directory::KeyValue> kvs,
+                                      clock_type::time_point read, std::uint64_t epoch) {
     auto family = std::make_shared<Family>();
-    family->kvs = std::move(read).value().kvs;
+    family->kvs = std::move(kvs);
     if (prefix == directory::owners_prefix(config)) {
       for (const auto& kv : family->kvs) {
         const auto id = std::string_view(kv.key).substr(prefix.size());
@@ -214,11 +249,9 @@ struct Directory::State : std::enable_shared_from_this<State> {
     if (cache.size() >= max_cached_families) cache.clear();
     auto& entry = cache[prefix];
     entry.family = std::move(family);
-    entry.read = now;
-    // Good while the watch that was live before the read stays live, unless
-    // a change came during the read (the read may predate it).
-    entry.epoch = watch_live && watch_epoch == epoch && changes_seen == changes_before ? epoch : 0;
-    co_return entry.family;
+    entry.read = read;
+    entry.epoch = epoch;
+    return entry.family;
   }
 };
 
@@ -236,6 +269,7 @@ asio::any_io_executor Directory::executor() const { return state_->executor; }
 DirectoryStats Directory::stats() const {
   auto stats = state_->stats;
   stats.watching = state_->watch_live;
+  stats.etcd_requests = state_->client.calls();
   return stats;
 }
 
@@ -272,32 +306,59 @@ asio::awaitable<Result<void>> Directory::withdraw() {
 }
 
 asio::awaitable<Result<std::vector<OwnerEntry>>> Directory::resolve(std::string name) {
+  std::vector<std::string> one{std::move(name)};
+  CORMA_CO_TRY(auto resolved, co_await resolve_many(std::move(one)));
+  co_return std::move(resolved.front());
+}
+
+asio::awaitable<Result<std::vector<Resolution>>> Directory::resolve_many(std::vector<std::string> names) {
   auto state = state_;
   const auto& config = state->config;
-  ++state->stats.resolutions;
+  state->stats.resolutions += names.size();
+  // Every family the set needs, read in one pass: each name's own keys,
+  // the prefixes and the owners (the last two).
+  std::vector<std::string> families;
+  families.reserve(names.size() + 2);
+  for (const auto& name : names) families.push_back(directory::name_key(config, name, ""));
+  families.push_back(directory::prefixes_prefix(config));
+  families.push_back(directory::owners_prefix(config));
   bool stale = false;
-  std::set<std::string> ids;
-  CORMA_CO_TRY(auto named, co_await state->keys_under(directory::name_key(config, name, ""), stale));
-  for (const auto& kv : named->kvs) {
-    if (auto split = directory::split_name_key(kv.key, directory::names_prefix(config)); split && split->name == name) {
-      ids.insert(split->owner);
+  auto read = co_await state->keys_under(families, stale);
+  CORMA_CO_TRY(auto known, std::move(read.back()));
+  CORMA_CO_TRY(auto prefixed, std::move(read[names.size()]));
+
+  std::vector<Resolution> resolved;
+  resolved.reserve(names.size());
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const auto& name = names[i];
+    if (!read[i]) {
+      resolved.emplace_back(std::move(read[i]).error());
+      continue;
+    }
+    std::set<std::string> ids;
+    for (const auto& kv : read[i].value()->kvs) {
+      auto split = directory::split_name_key(kv.key, directory::names_prefix(config));
+      if (split && split->name == name) ids.insert(split->owner);
+    }
+    for (const auto& kv : prefixed->kvs) {
+      auto split = directory::split_name_key(kv.key, directory::prefixes_prefix(config));
+      if (split && name.starts_with(split->name)) ids.insert(split->owner);
+    }
+    std::vector<OwnerEntry> owners;
+    for (const auto& id : ids) {
+      if (auto it = known->owners.find(id); it != known->owners.end()) owners.push_back(it->second);
+    }
+    if (ids.empty()) {
+      resolved.emplace_back(fail(errc::region_not_found, "no owner announces '" + name + "'"));
+    } else if (owners.empty()) {
+      resolved.emplace_back(fail(errc::region_not_found, "the owners announcing '" + name + "' are gone"));
+    } else {
+      order_owners(owners, name, config.machine);
+      resolved.emplace_back(std::move(owners));
     }
   }
-  CORMA_CO_TRY(auto prefixed, co_await state->keys_under(directory::prefixes_prefix(config), stale));
-  for (const auto& kv : prefixed->kvs) {
-    auto split = directory::split_name_key(kv.key, directory::prefixes_prefix(config));
-    if (split && name.starts_with(split->name)) ids.insert(split->owner);
-  }
-  if (ids.empty()) co_return fail(errc::region_not_found, "no owner announces '" + name + "'");
-  CORMA_CO_TRY(auto known, co_await state->keys_under(directory::owners_prefix(config), stale));
-  std::vector<OwnerEntry> owners;
-  for (const auto& id : ids) {
-    if (auto it = known->owners.find(id); it != known->owners.end()) owners.push_back(it->second);
-  }
-  if (owners.empty()) co_return fail(errc::region_not_found, "the owners announcing '" + name + "' are gone");
-  if (stale) ++state->stats.stale_resolutions;
-  order_owners(owners, name, config.machine);
-  co_return owners;
+  if (stale) state->stats.stale_resolutions += names.size();
+  co_return resolved;
 }
 
 asio::awaitable<Result<std::vector<DirectoryListing>>> Directory::list(std::string prefix) {

@@ -87,6 +87,7 @@ asio::awaitable<Result<Json>> EtcdClient::call(const char* path, const Json& bod
 }
 
 asio::awaitable<Result<Json>> EtcdClient::call_once(const char* path, const Json& body) {
+  ++calls_;
   CORMA_CO_TRY(auto stream, co_await connection());
   auto request = json_post(host_, path, body);
   request.keep_alive(true);
@@ -148,7 +149,6 @@ asio::awaitable<Result<void>> EtcdClient::put(const std::string& key, const std:
 }
 
 asio::awaitable<Result<void>> EtcdClient::put_all(const std::vector<KeyValue>& kvs, std::int64_t lease) {
-  constexpr std::size_t max_txn_ops = 128;
   for (std::size_t first = 0; first < kvs.size(); first += max_txn_ops) {
     Json puts = Json::array();
     for (std::size_t i = first; i < std::min(kvs.size(), first + max_txn_ops); ++i) {
@@ -162,23 +162,70 @@ asio::awaitable<Result<void>> EtcdClient::put_all(const std::vector<KeyValue>& k
   co_return success();
 }
 
-asio::awaitable<Result<RangeResult>> EtcdClient::range_prefix(const std::string& prefix) {
-  const Json body{{"key", to_base64(prefix)}, {"range_end", to_base64(prefix_end(prefix))}};
-  CORMA_CO_TRY(auto answer, co_await call("/v3/kv/range", body));
+namespace {
+
+Json range_request(const std::string& prefix) {
+  return Json{{"key", to_base64(prefix)}, {"range_end", to_base64(prefix_end(prefix))}};
+}
+
+/// A RangeResponse (or a transaction's response_range) as keys and values;
+/// `revision` comes from the answer's header.
+Result<RangeResult> parse_range(const Json& answer, std::int64_t revision) {
   try {
     RangeResult range;
-    range.revision = answer.contains("header") ? int64_field(answer["header"], "revision") : 0;
+    range.revision = revision;
     if (answer.contains("kvs")) {
       for (const auto& kv : answer["kvs"]) {
-        CORMA_CO_TRY(auto key, from_base64(kv.value("key", "")));
-        CORMA_CO_TRY(auto value, from_base64(kv.value("value", "")));
+        CORMA_TRY(auto key, from_base64(kv.value("key", "")));
+        CORMA_TRY(auto value, from_base64(kv.value("value", "")));
         range.kvs.push_back(KeyValue{std::move(key), std::move(value), int64_field(kv, "lease")});
       }
     }
-    co_return range;
+    return range;
   } catch (const std::exception& e) {
-    co_return fail(errc::protocol, std::string("etcd: a range answer that is not etcd's: ") + e.what());
+    return fail(errc::protocol, std::string("etcd: a range answer that is not etcd's: ") + e.what());
   }
+}
+
+std::int64_t header_revision(const Json& answer) {
+  try {
+    return answer.contains("header") ? int64_field(answer["header"], "revision") : 0;
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
+}  // namespace
+
+asio::awaitable<Result<RangeResult>> EtcdClient::range_prefix(const std::string& prefix) {
+  const Json body = range_request(prefix);
+  CORMA_CO_TRY(auto answer, co_await call("/v3/kv/range", body));
+  co_return parse_range(answer, header_revision(answer));
+}
+
+asio::awaitable<Result<std::vector<RangeResult>>> EtcdClient::range_prefixes(const std::vector<std::string>& prefixes) {
+  std::vector<RangeResult> ranges;
+  ranges.reserve(prefixes.size());
+  for (std::size_t first = 0; first < prefixes.size(); first += max_txn_ops) {
+    const std::size_t end = std::min(prefixes.size(), first + max_txn_ops);
+    Json reads = Json::array();
+    for (std::size_t i = first; i < end; ++i) reads.push_back(Json{{"request_range", range_request(prefixes[i])}});
+    const Json body{{"success", std::move(reads)}};
+    CORMA_CO_TRY(auto answer, co_await call("/v3/kv/txn", body));
+    const auto revision = header_revision(answer);
+    const auto responses = answer.find("responses");
+    if (responses == answer.end() || !responses->is_array() || responses->size() != end - first) {
+      co_return fail(errc::protocol, "etcd: a transaction of " + std::to_string(end - first) +
+                                         " ranges answered another number of responses");
+    }
+    for (const auto& response : *responses) {
+      const auto range = response.find("response_range");
+      if (range == response.end()) co_return fail(errc::protocol, "etcd: a range in a transaction answered no range");
+      CORMA_CO_TRY(auto parsed, parse_range(*range, revision));
+      ranges.push_back(std::move(parsed));
+    }
+  }
+  co_return ranges;
 }
 
 }  // namespace corma::directory

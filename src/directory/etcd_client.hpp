@@ -48,6 +48,9 @@ class EtcdClient {
   /// the call times out.
   boost::asio::awaitable<Result<Json>> call(const char* path, const Json& body);
 
+  /// Requests made so far (one per round trip, retries included).
+  [[nodiscard]] std::uint64_t calls() const noexcept { return calls_; }
+
   /// A lease of `ttl`, its id.
   boost::asio::awaitable<Result<std::int64_t>> grant_lease(std::chrono::seconds ttl);
   /// Refreshes a lease; `region_not_found` when etcd no longer has it.
@@ -59,6 +62,9 @@ class EtcdClient {
   boost::asio::awaitable<Result<void>> put_all(const std::vector<KeyValue>& kvs, std::int64_t lease);
   /// Every key starting with `prefix`.
   boost::asio::awaitable<Result<RangeResult>> range_prefix(const std::string& prefix);
+  /// Every key under each of `prefixes`, answered in their order: ranges in
+  /// transactions of at most 128, each transaction one consistent read.
+  boost::asio::awaitable<Result<std::vector<RangeResult>>> range_prefixes(const std::vector<std::string>& prefixes);
 
  private:
   boost::asio::awaitable<Result<boost::beast::tcp_stream>> connection();
@@ -69,7 +75,12 @@ class EtcdClient {
   std::uint16_t port_;
   std::chrono::milliseconds timeout_;
   std::vector<boost::beast::tcp_stream> idle_;  ///< open connections, waiting for a call
+  std::uint64_t calls_ = 0;
 };
+
+/// At most this many operations in one transaction (etcd's default
+/// --max-txn-ops).
+inline constexpr std::size_t max_txn_ops = 128;
 
 /// The first key after every key starting with `prefix` (etcd's range_end
 /// for a prefix).
