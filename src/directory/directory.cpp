@@ -227,12 +227,6 @@ struct Directory::State : std::enable_shared_from_this<State> {
     co_return families;
   }
 
-  asio::awaitable<FamilyRead> keys_under(const std::string& prefix, bool& stale) {
-    const std::vector<std::string> one{prefix};
-    auto families = co_await keys_under(one, stale);
-    co_return std::move(families.front());
-  }
-
   std::shared_ptr<const Family> store(const std::string& prefix, std::vector<directory::KeyValue> kvs,
                                       clock_type::time_point read, std::uint64_t epoch) {
     auto family = std::make_shared<Family>();
@@ -355,9 +349,9 @@ asio::awaitable<Result<std::vector<Resolution>>> Directory::resolve_many(std::ve
     } else {
       order_owners(owners, name, config.machine);
       resolved.emplace_back(std::move(owners));
+      if (stale) ++state->stats.stale_resolutions;  // answered, from what the cache held
     }
   }
-  if (stale) state->stats.stale_resolutions += names.size();
   co_return resolved;
 }
 
