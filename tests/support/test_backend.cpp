@@ -996,6 +996,10 @@ void TestBackend::transfer_batch(bool is_put, TransferBatch batch, std::optional
   if (batch.empty() && !notification) return tally->answer_empty(progress_executor());
   std::vector<std::uint64_t> ids;
   ids.reserve(transfers + 1);
+  // Each put's peer, for the notification's check below: read here, under
+  // the lock, because the progress thread may be retiring earlier transfers
+  // from the map as soon as the lock is released.
+  std::vector<PeerId> put_peers;
   {
     std::lock_guard lock(state_->mutex);
     if (state_->shut_down) return tally->refuse(progress_executor(), Error{errc::shutting_down, "backend shut down"});
@@ -1009,6 +1013,7 @@ void TestBackend::transfer_batch(bool is_put, TransferBatch batch, std::optional
       auto op = std::make_shared<State::TransferOp>();
       op->kind = is_put ? State::Kind::put : State::Kind::get;
       op->request = std::move(request);
+      if (notification) put_peers.push_back(op->request.peer);
       add(std::move(op));
     }
     if (notification) {
@@ -1024,10 +1029,6 @@ void TestBackend::transfer_batch(bool is_put, TransferBatch batch, std::optional
   });
   // The notification runs after every put, unless a put to its peer was
   // refused before it ran: then it fails with that put's error, unsent.
-  std::vector<PeerId> put_peers;
-  if (notification) {
-    for (std::size_t i = 0; i < transfers; ++i) put_peers.push_back(state_->transfers.at(ids[i])->request.peer);
-  }
   asio::post(state_->io, [state = state_, ids, tally, put_peers = std::move(put_peers), notification] {
     for (std::size_t i = 0; i < put_peers.size() || (!notification && i < ids.size()); ++i) state->run_transfer(ids[i]);
     if (!notification) return;
