@@ -50,7 +50,7 @@ void OwnerMetrics::Bound<Stats>::update(const Stats& stats) const {
   for (const auto& [gauge, field] : gauges) gauge->Set(static_cast<double>(stats.*field));
 }
 
-OwnerMetrics::OwnerMetrics(bool with_registry) {
+OwnerMetrics::OwnerMetrics(bool with_registry, bool with_directory) {
   auto counter = [this](const char* name, const char* help) -> auto& {
     return BuildCounter().Name(name).Help(help).Register(families_);
   };
@@ -94,6 +94,31 @@ OwnerMetrics::OwnerMetrics(bool with_registry) {
                 &OwnerStats::batch_requests);
   owner_gauge("corma_owner_open_connections", "Connections being served now.", &OwnerStats::open_connections);
   owner_gauge("corma_owner_live_leases", "Leases held by consumers now.", &OwnerStats::live_leases);
+  if (with_directory) {
+    auto directory_counter = [&](const char* name, const char* help, std::uint64_t DirectoryStats::*field) {
+      directory_.counters.emplace_back(&counter(name, help).Add({}), field);
+    };
+    directory_counter("corma_directory_etcd_requests_total", "Requests sent to etcd.",
+                      &DirectoryStats::etcd_requests);
+    directory_counter("corma_directory_etcd_failures_total",
+                      "Calls to etcd that failed (unreachable, timed out, refused); retried later.",
+                      &DirectoryStats::etcd_failures);
+    directory_counter("corma_directory_leases_granted_total",
+                      "Leases granted for the announcement: more than one means etcd lost one and the owner "
+                      "was announced again.",
+                      &DirectoryStats::leases_granted);
+    directory_counter("corma_directory_resolutions_total", "Names resolved to their owners.",
+                      &DirectoryStats::resolutions);
+    directory_counter("corma_directory_cache_hits_total", "Resolutions answered from the cache.",
+                      &DirectoryStats::cache_hits);
+    directory_counter("corma_directory_stale_resolutions_total",
+                      "Resolutions answered from an old cache entry because etcd could not be reached.",
+                      &DirectoryStats::stale_resolutions);
+    announced_ = &gauge("corma_directory_announced", "1 while the owner's announcement is in etcd.").Add({});
+    watching_ = &gauge("corma_directory_watching",
+                       "1 while the watch that keeps the resolution cache fresh is live.")
+                     .Add({});
+  }
   if (!with_registry) return;
 
   auto registry_counter = [&](prometheus::Family<prometheus::Counter>& family, const prometheus::Labels& labels,
@@ -153,12 +178,17 @@ OwnerMetrics::OwnerMetrics(bool with_registry) {
                   .Add({}, latency_bounds());
 }
 
-void OwnerMetrics::update(const OwnerStats& owner, const RegistryStats* registry) {
+void OwnerMetrics::update(const OwnerStats& owner, const RegistryStats* registry, const DirectoryStats* directory) {
   advance(*granted_, owner.decisions.rdma);
   for (const auto& [reason, count] : owner.decisions.chunked_by_reason) {
     advance(decisions_->Add({{"path", "chunked"}, {"reason", reason}}), count);
   }
   owner_.update(owner);
+  if (directory != nullptr && announced_ != nullptr) {
+    directory_.update(*directory);
+    announced_->Set(directory->announced ? 1 : 0);
+    watching_->Set(directory->watching ? 1 : 0);
+  }
   if (registry == nullptr || latency_ == nullptr) return;
   registry_.update(*registry);
   // The histogram takes what was added since the last scrape.
@@ -182,16 +212,16 @@ std::string OwnerMetrics::render() const {
   return prometheus::TextSerializer().Serialize(families_.Collect());
 }
 
-std::string render_metrics(const OwnerStats& owner, const RegistryStats* registry) {
-  OwnerMetrics metrics(registry != nullptr);
-  metrics.update(owner, registry);
+std::string render_metrics(const OwnerStats& owner, const RegistryStats* registry, const DirectoryStats* directory) {
+  OwnerMetrics metrics(registry != nullptr, directory != nullptr);
+  metrics.update(owner, registry, directory);
   return metrics.render();
 }
 
 namespace {
 
 asio::awaitable<void> answer(asio::ip::tcp::socket socket, std::shared_ptr<OwnerMetrics> metrics, const Owner& owner,
-                             const Registry* registry) {
+                             const Registry* registry, const Directory* directory) {
   beast::tcp_stream stream(std::move(socket));
   beast::flat_buffer buffer;
   http::request<http::string_body> request;
@@ -205,7 +235,9 @@ asio::awaitable<void> answer(asio::ip::tcp::socket socket, std::shared_ptr<Owner
     response.result(http::status::ok);
     response.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
     const auto registry_stats = registry != nullptr ? std::optional(registry->stats()) : std::nullopt;
-    metrics->update(owner.stats(), registry_stats ? &*registry_stats : nullptr);
+    const auto directory_stats = directory != nullptr ? std::optional(directory->stats()) : std::nullopt;
+    metrics->update(owner.stats(), registry_stats ? &*registry_stats : nullptr,
+                    directory_stats ? &*directory_stats : nullptr);
     response.body() = metrics->render();
   } else {
     response.result(http::status::not_found);
@@ -219,16 +251,18 @@ asio::awaitable<void> answer(asio::ip::tcp::socket socket, std::shared_ptr<Owner
 
 }  // namespace
 
-asio::awaitable<void> serve_metrics(asio::ip::tcp::acceptor& acceptor, const Owner& owner, const Registry* registry) {
+asio::awaitable<void> serve_metrics(asio::ip::tcp::acceptor& acceptor, const Owner& owner, const Registry* registry,
+                                    const Directory* directory) {
   // Shared with the answers, which may finish after this loop ends.
-  auto metrics = std::make_shared<OwnerMetrics>(registry != nullptr);
+  auto metrics = std::make_shared<OwnerMetrics>(registry != nullptr, directory != nullptr);
   for (;;) {
     auto [ec, socket] = co_await acceptor.async_accept(asio::as_tuple(asio::use_awaitable));
     if (ec) {
       if (!acceptor.is_open() || ec == asio::error::operation_aborted) co_return;
       continue;
     }
-    asio::co_spawn(acceptor.get_executor(), answer(std::move(socket), metrics, owner, registry), asio::detached);
+    asio::co_spawn(acceptor.get_executor(), answer(std::move(socket), metrics, owner, registry, directory),
+                   asio::detached);
   }
 }
 

@@ -76,6 +76,15 @@ int run_serve(const ServeOptions& options) {
     std::fprintf(stderr, "corma serve: cannot listen on %s: %s\n", options.listen.c_str(), ec.message().c_str());
     return 1;
   }
+  std::optional<Directory> directory;
+  if (!options.directory.address.empty()) {
+    auto config = directory_config(options.directory);
+    if (!config) {
+      std::fprintf(stderr, "corma serve: %s\n", config.error().message().c_str());
+      return 2;
+    }
+    directory.emplace(io.get_executor(), config.value());
+  }
   std::optional<asio::ip::tcp::acceptor> metrics;
   if (!options.metrics.empty()) {
     auto endpoint = parse_endpoint(options.metrics);
@@ -84,7 +93,8 @@ int run_serve(const ServeOptions& options) {
       return 2;
     }
     metrics.emplace(io, endpoint.value());
-    asio::co_spawn(io, serve_metrics(*metrics, owner, registry.get()), asio::detached);
+    asio::co_spawn(io, serve_metrics(*metrics, owner, registry.get(), directory ? &*directory : nullptr),
+                   asio::detached);
   }
 
   const auto bound = acceptor.local_endpoint();
@@ -95,15 +105,13 @@ int run_serve(const ServeOptions& options) {
     std::printf("corma serve: metrics on http://%s:%u/metrics\n",
                 metrics->local_endpoint().address().to_string().c_str(), metrics->local_endpoint().port());
   }
-  std::optional<Directory> directory;
-  if (!options.directory.address.empty()) {
-    auto config = directory_config(options.directory);
-    if (!config) {
-      std::fprintf(stderr, "corma serve: %s\n", config.error().message().c_str());
-      return 2;
-    }
-    directory.emplace(io.get_executor(), config.value());
-    const auto announcement = serve_announcement(options, bound, backend.value().rma);
+  if (directory) {
+    auto announcement = serve_announcement(options, bound, backend.value().rma);
+    // The load consumers rank owners by: what this owner is serving now.
+    announcement.current_load = [&owner] {
+      const auto stats = owner.stats();
+      return stats.live_leases + stats.open_connections;
+    };
     std::printf("corma serve: announcing %s in the directory at %s under %s\n", announcement.owner.id.c_str(),
                 options.directory.address.c_str(), options.directory.key_prefix.c_str());
     // Announced in the background: an owner serves whether or not etcd is up.

@@ -88,7 +88,8 @@ struct Directory::State : std::enable_shared_from_this<State> {
 
   /// Grants a lease and writes everything announced under it.
   asio::awaitable<Result<void>> write_announcement() {
-    const auto& a = *announcement;
+    if (announcement->current_load) announcement->owner.load = announcement->current_load();
+    const auto a = *announcement;  // a withdrawal while etcd answers must not pull it from under us
     CORMA_CO_TRY(auto granted, co_await client.grant_lease(a.ttl));
     lease = granted;
     ++stats.leases_granted;
@@ -98,6 +99,21 @@ struct Directory::State : std::enable_shared_from_this<State> {
     for (const auto& prefix : a.prefixes) kvs.push_back({directory::prefix_key(config, prefix, a.owner.id), {}, 0});
     CORMA_CO_TRY(co_await client.put_all(kvs, lease));
     stats.announced = true;
+    co_return success();
+  }
+
+  /// Rewrites the owner's entry when its load source gives a new figure.
+  asio::awaitable<Result<void>> write_changed_load() {
+    if (!announcement || !announcement->current_load) co_return success();
+    auto entry = announcement->owner;
+    const auto announced_load = entry.load;
+    entry.load = announcement->current_load();
+    if (entry.load == announced_load) co_return success();
+    CORMA_CO_TRY(co_await client.put(directory::owner_key(config, entry.id), directory::encode_owner(entry), lease));
+    // Unless a new announcement replaced this one meanwhile.
+    if (announcement && announcement->owner.id == entry.id && announcement->owner.load == announced_load) {
+      announcement->owner.load = entry.load;
+    }
     co_return success();
   }
 
@@ -116,6 +132,7 @@ struct Directory::State : std::enable_shared_from_this<State> {
       if (!self || ec || !self->announcement) co_return;
       auto renewed = co_await self->client.keep_alive(self->lease);
       if (!renewed && renewed.error().is(errc::region_not_found)) renewed = co_await self->write_announcement();
+      if (renewed) renewed = co_await self->write_changed_load();
       if (!renewed) ++self->stats.etcd_failures;  // tried again at the next turn
     }
   }

@@ -181,7 +181,8 @@ TEST(Metrics, RenderPathsReasonsAndRegistryFigures) {
 
 TEST(Metrics, EveryFamilyHasHelpAndItsUnitInTheName) {
   const corma::RegistryStats registry;
-  const auto text = render_metrics(corma::OwnerStats{}, &registry);
+  const corma::DirectoryStats directory;
+  const auto text = render_metrics(corma::OwnerStats{}, &registry, &directory);
   const std::map<std::string, std::string> expected = {
       {"corma_owner_decisions_total", "counter"},
       {"corma_owner_not_found_total", "counter"},
@@ -216,6 +217,14 @@ TEST(Metrics, EveryFamilyHasHelpAndItsUnitInTheName) {
       {"corma_registry_arena_allocated_bytes", "gauge"},
       {"corma_registry_arena_slices", "gauge"},
       {"corma_registration_latency_seconds", "histogram"},
+      {"corma_directory_etcd_requests_total", "counter"},
+      {"corma_directory_etcd_failures_total", "counter"},
+      {"corma_directory_leases_granted_total", "counter"},
+      {"corma_directory_resolutions_total", "counter"},
+      {"corma_directory_cache_hits_total", "counter"},
+      {"corma_directory_stale_resolutions_total", "counter"},
+      {"corma_directory_announced", "gauge"},
+      {"corma_directory_watching", "gauge"},
   };
   const auto families = families_of(text);
   EXPECT_EQ(families, expected) << text;
@@ -235,6 +244,24 @@ TEST(Metrics, EveryFamilyHasHelpAndItsUnitInTheName) {
   for (const auto& [name, kind] : families_of(render_metrics(corma::OwnerStats{}, nullptr))) {
     EXPECT_EQ(name.rfind("corma_owner_", 0), 0u) << name;
   }
+}
+
+TEST(Metrics, TheDirectorysFiguresSayWhenEtcdIsAwayAndAnswersComeFromTheCache) {
+  corma::DirectoryStats directory;
+  directory.announced = true;
+  directory.watching = false;
+  directory.resolutions = 9;
+  directory.stale_resolutions = 4;
+  directory.etcd_failures = 2;
+  directory.leases_granted = 2;
+  const auto text = render_metrics(corma::OwnerStats{}, nullptr, &directory);
+  for (const char* line : {"corma_directory_announced 1", "corma_directory_watching 0",
+                           "corma_directory_resolutions_total 9", "corma_directory_stale_resolutions_total 4",
+                           "corma_directory_etcd_failures_total 2", "corma_directory_leases_granted_total 2"}) {
+    EXPECT_TRUE(has_line(text, line)) << line << "\nin:\n" << text;
+  }
+  EXPECT_EQ(render_metrics(corma::OwnerStats{}, nullptr).find("corma_directory_"), std::string::npos)
+      << "no directory, no directory families";
 }
 
 TEST(Metrics, ScrapesFollowTheSnapshotsAndCountersNeverGoBack) {

@@ -13,6 +13,8 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <gtest/gtest.h>
 
+#include <optional>
+
 #include "directory/etcd_client.hpp"
 #include "directory/records.hpp"
 
@@ -187,6 +189,29 @@ TEST_F(DirectoryTest, ALostWatchIsReestablishedAndWhatWasCachedIsCheckedAgain) {
   }
   EXPECT_TRUE(resolves_eventually(consumer, "obj", [](const auto& ids) { return ids.empty(); }, std::chrono::seconds(5)))
       << "a deletion made while the watch was down was never seen";
+}
+
+TEST_F(DirectoryTest, AChangedLoadFigureIsAnnouncedAtTheNextRenewal) {
+  std::uint64_t load = 3;
+  auto announcement = owner("owner-a", "host-a", 0, {"obj"});
+  announcement.current_load = [&load] { return load; };
+  corma::Directory announcing(io.get_executor(), config("host-a"));
+  ASSERT_TRUE(corma::testing::run(io, announcing.async_announce(announcement)));
+  auto announced_load = [&](corma::Directory& consumer) -> std::optional<std::uint64_t> {
+    auto resolved = corma::testing::run(io, consumer.async_resolve("obj"));
+    if (!resolved || resolved.value().size() != 1) return std::nullopt;
+    return resolved.value().front().load;
+  };
+  corma::Directory first(io.get_executor(), config());
+  EXPECT_EQ(announced_load(first), 3u) << "the figure at the time of announcing";
+  const auto leases = announcing.stats().leases_granted;
+  load = 11;
+  EXPECT_TRUE(resolves_eventually(
+      first, "obj", [&](const auto&) { return announced_load(first) == std::optional<std::uint64_t>(11); },
+      std::chrono::seconds(5)))
+      << "a consumer (its watch saw the entry change) ranks by the new figure";
+  EXPECT_EQ(announcing.stats().leases_granted, leases) << "under the same lease";
+  EXPECT_EQ(announcing.stats().etcd_failures, 0u);
 }
 
 TEST_F(DirectoryTest, WhileEtcdIsDownResolutionsComeFromTheCacheAndSaySo) {

@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -66,6 +67,11 @@ struct Announcement {
   /// The lease's time to live: the owner's entries vanish this long after
   /// it stops renewing. Renewed every third of it.
   std::chrono::seconds ttl{10};
+  /// Where the owner's load figure comes from, if it changes: asked at
+  /// each renewal (on the directory's executor), and a figure that differs
+  /// from the one announced rewrites the owner's entry under the same
+  /// lease. The load is never written more often than the lease is renewed.
+  std::function<std::uint64_t()> current_load;
 };
 
 /// One name's owners, best first, or why there are none.
