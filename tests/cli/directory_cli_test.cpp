@@ -1,12 +1,16 @@
 // `corma serve --directory`, `corma get --directory` and `corma ls` as real
 // processes against a real etcd: owners announce themselves, a get needs
 // no owner address, and an owner killed (SIGKILL) in the middle of a fetch
-// is replaced by a replica, the file arriving byte for byte.
+// is replaced by a replica, the file arriving byte for byte; the only owner
+// killed ends the get with a clear error within the lease's time to live,
+// and its entries leave the directory with the lease.
 #include "cli/processes.hpp"
 #include "directory/etcd_server.hpp"
 
 #include <signal.h>
 
+#include <filesystem>
+#include <fstream>
 #include <optional>
 #include <thread>
 
@@ -97,6 +101,38 @@ TEST_F(DirectoryCli, AnOwnerKilledMidFetchIsReplacedByAReplicaAndTheFileArrivesW
   EXPECT_NE(get.captured.find("from " + other_id + " (" + killed_id + " failed"), std::string::npos) << get.captured;
   EXPECT_LT(*took_over, std::chrono::seconds(2)) << "the replica took over too late";
   EXPECT_EQ(read_file(out), content);
+}
+
+TEST_F(DirectoryCli, TheOnlyOwnerKilledMidFetchEndsTheGetClearlyWithinTheLeaseTtlAndLeavesTheDirectory) {
+  constexpr auto lease_ttl = std::chrono::seconds(2);  // announced_owner's --announce-ttl
+  // Sparse: the owner still reads and sends every byte of it.
+  std::ofstream(root / "huge.bin").close();
+  std::filesystem::resize_file(root / "huge.bin", 1ull << 30);
+  auto only = announced_owner("owner-only");
+  const auto metrics_port = static_cast<unsigned short>(std::stoi(port_after(only.captured, "metrics on http://")));
+  auto get = Process::start({binary, "get", "--directory", directory, "huge.bin", "-o",
+                             (base / "huge.out").string(), "--no-rdma", "--pull-window", "1"});
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (metric(http_get(metrics_port, "/metrics"), "corma_owner_pulls_total") <= 2) {
+    ASSERT_LT(std::chrono::steady_clock::now(), until) << "the owner never started serving:\n" << get.captured;
+  }
+  ASSERT_EQ(::kill(only.pid, SIGKILL), 0);
+  const auto killed = std::chrono::steady_clock::now();
+  const auto status = get.wait_exit(lease_ttl);
+  ASSERT_TRUE(status.has_value()) << "corma get still running a lease ttl after its only owner died:\n"
+                                  << get.captured;
+  EXPECT_EQ(*status, 1) << get.captured;
+  EXPECT_NE(get.captured.find("peer unreachable"), std::string::npos) << get.captured;
+  EXPECT_NE(get.captured.find("owner-only"), std::string::npos) << "the error names the owner that failed:\n"
+                                                                  << get.captured;
+
+  // Its entries go with its lease (no withdrawal: it was killed).
+  bool gone = false;
+  while (!gone && std::chrono::steady_clock::now() < killed + lease_ttl + std::chrono::seconds(3)) {
+    auto [listed, listing] = run_corma({"ls", "--directory", directory});
+    gone = listed == 0 && listing.find("owner-only") == std::string::npos;
+  }
+  EXPECT_TRUE(gone) << "the dead owner's entries outlived its lease";
 }
 
 }  // namespace

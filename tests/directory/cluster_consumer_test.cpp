@@ -2,8 +2,7 @@
 // same object: it fetches from the owner the directory ranks first, keeps
 // one connection per owner, and when that owner is lost fetches from the
 // other, saying which owner served it and which failed.
-#include "directory/etcd_server.hpp"
-#include "support/run.hpp"
+#include "directory/announced_owner.hpp"
 
 #include <corma/cluster_consumer.hpp>
 #include <corma/owner.hpp>
@@ -22,61 +21,10 @@ namespace {
 
 namespace asio = boost::asio;
 using corma::errc;
+using corma::testing::AnnouncedOwner;
 
-/// An owner serving `bytes` as "obj" and, sliced, as "part-<i>" (chunks
-/// only), announced as `id`.
-struct AnnouncedOwner {
-  static constexpr std::size_t parts = 40;
-  static constexpr std::size_t part_size = 4096;
-
-  AnnouncedOwner(asio::io_context& io, const corma::DirectoryConfig& config, std::string id, std::uint64_t load,
-                 const std::vector<std::byte>& bytes)
-      : acceptor(io, {asio::ip::make_address("127.0.0.1"), 0}),
-        owner(io.get_executor(), nullptr),
-        directory(io.get_executor(), config) {
-    owner.publish("obj", corma::PublishedObject{bytes, nullptr});
-    corma::Announcement a;
-    a.names = {"obj"};
-    for (std::size_t i = 0; i < parts; ++i) {
-      owner.publish("part-" + std::to_string(i),
-                    corma::PublishedObject{std::span(bytes).subspan(i * part_size, part_size), nullptr});
-      a.names.push_back("part-" + std::to_string(i));
-    }
-    asio::co_spawn(io, owner.serve(acceptor), asio::detached);
-    a.owner = corma::OwnerEntry{std::move(id), "127.0.0.1", acceptor.local_endpoint().port(), "host", "none", 3, load};
-    a.ttl = std::chrono::seconds(5);
-    announced = corma::testing::run(io, directory.async_announce(std::move(a)));
-  }
-  void kill() {
-    owner.stop();
-    acceptor.close();
-  }
-
-  asio::ip::tcp::acceptor acceptor;
-  corma::Owner owner;
-  corma::Directory directory;
-  corma::Result<void> announced = corma::success();
-};
-
-class ClusterConsumerTest : public ::testing::Test {
+class ClusterConsumerTest : public corma::testing::ClusterTest {
  protected:
-  asio::io_context io;
-  corma::testing::EtcdServer etcd;
-  std::vector<std::byte> bytes = std::vector<std::byte>(300 * 1024);
-
-  void SetUp() override {
-    if (auto missing = corma::testing::EtcdServer::missing()) GTEST_SKIP() << *missing;
-    ASSERT_TRUE(etcd.start()) << "etcd did not start";
-    for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<std::byte>(i * 13 + 1);
-  }
-
-  corma::DirectoryConfig config() {
-    auto c = etcd.config("/cluster");
-    c.machine = "consumer-host";
-    c.cache_ttl = std::chrono::milliseconds(0);
-    return c;
-  }
-
   corma::Result<corma::ClusterOutcome> fetch(corma::ClusterConsumer& cluster, std::vector<std::byte>& into) {
     into.assign(bytes.size(), std::byte{0});
     corma::StreamDestination destination{[&into](std::uint64_t offset, std::span<const std::byte> chunk) {
