@@ -26,9 +26,13 @@ class EtcdProcess {
  public:
   static constexpr const char* binary = "/usr/bin/etcd";
 
-  EtcdProcess()
+  /// `launcher` runs etcd in another context (e.g. {"ip", "netns", "exec",
+  /// NS}: a network namespace, where it listens on `host`).
+  explicit EtcdProcess(std::vector<std::string> launcher = {}, std::string host = "127.0.0.1")
       : data_(std::filesystem::temp_directory_path() /
-              ("corma-etcd-" + std::to_string(::getpid()) + "-" + std::to_string(next_instance()))) {}
+              ("corma-etcd-" + std::to_string(::getpid()) + "-" + std::to_string(next_instance()))),
+        launcher_(std::move(launcher)),
+        host_(std::move(host)) {}
   EtcdProcess(const EtcdProcess&) = delete;
   EtcdProcess& operator=(const EtcdProcess&) = delete;
   ~EtcdProcess() {
@@ -49,11 +53,15 @@ class EtcdProcess {
       client_port_ = free_port();
       peer_port_ = free_port();
     }
-    const auto client = "http://127.0.0.1:" + std::to_string(client_port_);
-    const auto peer = "http://127.0.0.1:" + std::to_string(peer_port_);
-    spawn({binary, "--name", "corma-test", "--data-dir", data_.string(), "--listen-client-urls", client,
-           "--advertise-client-urls", client, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-           "--initial-cluster", "corma-test=" + peer});
+    const auto client = "http://" + host_ + ":" + std::to_string(client_port_);
+    const auto peer = "http://" + host_ + ":" + std::to_string(peer_port_);
+    const std::vector<std::string> etcd = {binary, "--name", "corma-test", "--data-dir", data_.string(),
+                                           "--listen-client-urls", client, "--advertise-client-urls", client,
+                                           "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                                           "--initial-cluster", "corma-test=" + peer};
+    auto args = launcher_;
+    args.insert(args.end(), etcd.begin(), etcd.end());
+    spawn(args);
     return wait_for_output("ready to serve client requests", limit);
   }
 
@@ -120,6 +128,8 @@ class EtcdProcess {
   }
 
   std::filesystem::path data_;
+  std::vector<std::string> launcher_;
+  std::string host_;
   std::uint16_t client_port_ = 0;
   std::uint16_t peer_port_ = 0;
   pid_t pid_ = -1;
