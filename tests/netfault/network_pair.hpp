@@ -1,21 +1,11 @@
-// Two private network namespaces joined by a link with faults: the owner's
-// side (a, 10.77.0.1) and the consumer's (b, 10.77.0.2). The link is the
-// fault relay (corma-fault-relay: a TUN device in each namespace, delay and
-// reordering); random loss and partitions are nftables drop rules in each
-// namespace's input chain (a drop on output would be an error the sender
-// sees, not a lost packet); a rate limit is tbf on each device. Everything
-// it makes (namespaces, the relay, the processes started in them, the rules)
-// goes when it is destroyed, also when a test fails. Traffic never leaves
-// the two namespaces.
+// The fault link as the netfault tests use it: made with the relay this
+// build produced, and able to start processes inside either namespace
+// (killed with the namespaces, also when a test fails).
 #pragma once
 
 #include "cli/processes.hpp"
+#include "netfault/fault_link.hpp"
 
-#include <netinet/in.h>
-
-#include <chrono>
-#include <cstdint>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,92 +13,18 @@ namespace corma::netfault {
 
 using cli::testing::Process;
 
-/// What the link does to every packet.
-struct LinkProfile {
-  std::chrono::microseconds one_way_delay{0};  ///< half the round trip it adds
-  unsigned reorder_percent = 0;                ///< packets held longer than the rest...
-  std::chrono::microseconds reorder_extra{1000};  ///< ...by this much
-  unsigned loss_per_mille = 0;                 ///< dropped at random, in each direction
-  std::uint64_t rate_bits_per_second = 0;      ///< 0: no limit
-  unsigned mtu = 9000;
-};
-
-enum class Side { owner, consumer };
-
-/// Which way a partition drops packets.
-enum class Cut { both_ways, to_owner_only, to_consumer_only };
-
-/// The result of a command run to its end.
-struct Ran {
-  int status = -1;
-  std::string output;
-};
-
-/// Where an administration tool (ip, nft, tc) lives, or "" (Debian keeps
-/// them in /usr/sbin).
-std::string tool(const std::string& name);
-
-/// An IPv4 socket address.
-sockaddr_in socket_address(const std::string& address, std::uint16_t port);
-
-/// Runs `args` (argv[0] a path) and waits for it.
-Ran run_command(const std::vector<std::string>& args, std::chrono::seconds limit = std::chrono::seconds(20));
-
-class NetworkPair {
+class NetworkPair : public FaultLink {
  public:
-  /// Why the harness cannot run here (not root, no TUN, no ip/nft/tc, or
-  /// namespaces refused), if it cannot.
-  static std::optional<std::string> unavailable();
+  static std::optional<std::string> unavailable() { return FaultLink::unavailable(); }
 
-  /// Makes the namespaces and the link; check ready() (and why_not()).
-  explicit NetworkPair(LinkProfile profile);
-  NetworkPair(const NetworkPair&) = delete;
-  NetworkPair& operator=(const NetworkPair&) = delete;
-  ~NetworkPair();
-
-  [[nodiscard]] bool ready() const noexcept { return ready_; }
-  [[nodiscard]] const std::string& why_not() const noexcept { return why_not_; }
-
-  [[nodiscard]] const std::string& name(Side side) const { return side == Side::owner ? owner_ : consumer_; }
-  [[nodiscard]] static std::string address(Side side) { return side == Side::owner ? "10.77.0.1" : "10.77.0.2"; }
+  explicit NetworkPair(LinkProfile profile) : FaultLink(profile, CORMA_FAULT_RELAY) {}
 
   /// Starts `args` inside `side`'s namespace.
-  Process start_in(Side side, const std::vector<std::string>& args) const;
-  /// Runs `args` inside `side`'s namespace to its end.
-  Ran run_in(Side side, const std::vector<std::string>& args) const;
-  /// A socket (SOCK_STREAM or SOCK_DGRAM, IPv4) that lives in `side`'s
-  /// namespace: whatever this process does with it happens there.
-  [[nodiscard]] int socket_in(Side side, int type) const;
-
-  /// Drops the packets of the owner's `port` (every packet between the
-  /// two, when 0) the way `cut` says, until heal().
-  bool partition(Cut cut, std::uint16_t port = 0);
-  /// Lifts every partition.
-  bool heal();
-  /// Random loss in both directions from now on.
-  bool set_loss(unsigned per_mille);
-
- private:
-  bool apply_rules();
-  bool fail(std::string why);
-
-  LinkProfile profile_;
-  std::string owner_;
-  std::string consumer_;
-  std::optional<Process> relay_;
-  std::vector<std::string> owner_rules_;
-  std::vector<std::string> consumer_rules_;
-  bool ready_ = false;
-  std::string why_not_;
+  Process start_in(Side side, const std::vector<std::string>& args) const {
+    std::vector<std::string> wrapped = {tool("ip"), "netns", "exec", name(side)};
+    wrapped.insert(wrapped.end(), args.begin(), args.end());
+    return Process::start(wrapped);
+  }
 };
-
-/// An HTTP GET from inside `side`'s namespace to its own loopback (where
-/// a process started there serves its metrics); the whole response.
-std::string http_get_in(const NetworkPair& pair, Side side, std::uint16_t port, const std::string& target);
-
-/// Streams `bytes` bytes over one plain TCP connection from the owner's side
-/// to the consumer's, under the same link: the baseline corma is measured
-/// against. The time from connecting to the last byte read, or nullopt.
-std::optional<std::chrono::steady_clock::duration> time_tcp_stream(const NetworkPair& pair, std::uint64_t bytes);
 
 }  // namespace corma::netfault

@@ -1,24 +1,80 @@
-#include "netfault/network_pair.hpp"
+#include "netfault/fault_link.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sched.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 #include <thread>
+
+extern char** environ;
 
 namespace corma::netfault {
 
 namespace fs = std::filesystem;
 
 namespace {
+
+/// A child whose standard output and error come back through one pipe.
+struct Child {
+  pid_t pid = -1;
+  int output = -1;
+};
+
+Child spawn(const std::vector<std::string>& args) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return {};
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], STDERR_FILENO);
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  Child child;
+  if (posix_spawn(&child.pid, argv[0], &actions, nullptr, argv.data(), environ) != 0) child.pid = -1;
+  posix_spawn_file_actions_destroy(&actions);
+  ::close(fds[1]);
+  child.output = fds[0];
+  return child;
+}
+
+/// Reads the child's output into `into` until it holds `text`, the pipe
+/// closes or `limit` passes; whether it holds `text` (with "" : until closed).
+bool read_output(int fd, std::string& into, const std::string& text, std::chrono::milliseconds limit) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (text.empty() || into.find(text) == std::string::npos) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    pollfd ready{fd, POLLIN, 0};
+    if (::poll(&ready, 1, static_cast<int>(left.count())) <= 0) return false;
+    char buffer[4096];
+    const auto n = ::read(fd, buffer, sizeof buffer);
+    if (n <= 0) return text.empty();
+    into.append(buffer, static_cast<std::size_t>(n));
+  }
+  return true;
+}
+
+void kill_and_reap(pid_t pid) {
+  if (pid <= 0) return;
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+}
 
 std::string ip() { return tool("ip"); }
 
@@ -82,12 +138,26 @@ std::string tool(const std::string& name) {
 }
 
 Ran run_command(const std::vector<std::string>& args, std::chrono::seconds limit) {
-  auto process = Process::start(args);
-  const auto status = process.wait_exit(limit);
-  return Ran{status.value_or(-1), process.captured};
+  auto child = spawn(args);
+  Ran ran;
+  if (child.pid <= 0) {
+    ::close(child.output);
+    ran.output = "cannot start " + args.front();
+    return ran;
+  }
+  const bool ended = read_output(child.output, ran.output, "", limit);
+  ::close(child.output);
+  if (!ended) {
+    kill_and_reap(child.pid);
+    return ran;
+  }
+  int status = 0;
+  ::waitpid(child.pid, &status, 0);
+  ran.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return ran;
 }
 
-std::optional<std::string> NetworkPair::unavailable() {
+std::optional<std::string> FaultLink::unavailable() {
   if (::geteuid() != 0) return "the network fault tests need root (network namespaces, TUN, nftables)";
   for (const char* needed : {"ip", "nft", "tc"}) {
     if (tool(needed).empty()) return std::string("no '") + needed + "' (scripts/setup installs iproute2 and nftables)";
@@ -100,7 +170,7 @@ std::optional<std::string> NetworkPair::unavailable() {
   return std::nullopt;
 }
 
-NetworkPair::NetworkPair(LinkProfile profile) : profile_(profile) {
+FaultLink::FaultLink(LinkProfile profile, std::string relay) : profile_(profile) {
   remove_stale_namespaces();
   const auto prefix = "cnf-" + std::to_string(::getpid()) + "-" + std::to_string(next_pair());
   owner_ = prefix + "-o";
@@ -112,12 +182,15 @@ NetworkPair::NetworkPair(LinkProfile profile) : profile_(profile) {
     }
     run_command({ip(), "-n", ns, "link", "set", "lo", "up"});
   }
-  relay_.emplace(Process::start({CORMA_FAULT_RELAY, owner_, consumer_, "--delay-us",
-                                 std::to_string(profile.one_way_delay.count()), "--reorder-percent",
-                                 std::to_string(profile.reorder_percent), "--reorder-extra-us",
-                                 std::to_string(profile.reorder_extra.count())}));
-  if (!relay_->wait_for_output("ready\n")) {
-    fail("the fault relay did not start: " + relay_->captured);
+  auto started = spawn({relay, owner_, consumer_, "--delay-us", std::to_string(profile.one_way_delay.count()),
+                        "--reorder-percent", std::to_string(profile.reorder_percent), "--reorder-extra-us",
+                        std::to_string(profile.reorder_extra.count())});
+  relay_ = started.pid;
+  std::string said;
+  const bool relaying = relay_ > 0 && read_output(started.output, said, "ready\n", std::chrono::seconds(10));
+  ::close(started.output);  // the relay says nothing more that matters
+  if (!relaying) {
+    fail("the fault relay did not start: " + said);
     return;
   }
   for (const auto side : {Side::owner, Side::consumer}) {
@@ -143,38 +216,32 @@ NetworkPair::NetworkPair(LinkProfile profile) : profile_(profile) {
   ready_ = true;
 }
 
-NetworkPair::~NetworkPair() {
+FaultLink::~FaultLink() {
   for (const auto& ns : {owner_, consumer_}) {
     if (ns.empty()) continue;
     const auto pids = run_command({ip(), "netns", "pids", ns});
     std::istringstream each(pids.output);
     for (int p = 0; each >> p;) ::kill(p, SIGKILL);
   }
-  relay_.reset();  // killed and reaped: its devices go with it
+  kill_and_reap(relay_);  // its devices go with it
   for (const auto& ns : {owner_, consumer_}) {
     if (!ns.empty()) run_command({ip(), "netns", "del", ns});
   }
 }
 
-bool NetworkPair::fail(std::string why) {
+bool FaultLink::fail(std::string why) {
   why_not_ = std::move(why);
   ready_ = false;
   return false;
 }
 
-Process NetworkPair::start_in(Side side, const std::vector<std::string>& args) const {
-  std::vector<std::string> wrapped = {ip(), "netns", "exec", name(side)};
-  wrapped.insert(wrapped.end(), args.begin(), args.end());
-  return Process::start(wrapped);
-}
-
-Ran NetworkPair::run_in(Side side, const std::vector<std::string>& args) const {
+Ran FaultLink::run_in(Side side, const std::vector<std::string>& args) const {
   std::vector<std::string> wrapped = {ip(), "netns", "exec", name(side)};
   wrapped.insert(wrapped.end(), args.begin(), args.end());
   return run_command(wrapped);
 }
 
-int NetworkPair::socket_in(Side side, int type) const {
+int FaultLink::socket_in(Side side, int type) const {
   // A socket belongs to the namespace of the thread that made it; a thread
   // of its own enters the namespace so that this one never leaves its own.
   int fd = -1;
@@ -188,7 +255,25 @@ int NetworkPair::socket_in(Side side, int type) const {
   return fd;
 }
 
-bool NetworkPair::partition(Cut cut, std::uint16_t port) {
+FaultLink::Entered FaultLink::enter(Side side) const {
+  const int home = ::open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
+  const int ns = ::open(("/run/netns/" + name(side)).c_str(), O_RDONLY | O_CLOEXEC);
+  const bool entered = ns >= 0 && ::setns(ns, CLONE_NEWNET) == 0;
+  if (ns >= 0) ::close(ns);
+  if (!entered) {
+    ::close(home);
+    throw std::runtime_error("cannot enter the network namespace " + name(side));
+  }
+  return Entered(home);
+}
+
+FaultLink::Entered::~Entered() {
+  if (home_ < 0) return;
+  ::setns(home_, CLONE_NEWNET);
+  ::close(home_);
+}
+
+bool FaultLink::partition(Cut cut, std::uint16_t port) {
   const std::string to_owner = port == 0 ? "" : " tcp dport " + std::to_string(port);
   const std::string from_owner = port == 0 ? "" : " tcp sport " + std::to_string(port);
   if (cut != Cut::to_consumer_only) owner_rules_.push_back("ip saddr " + address(Side::consumer) + to_owner + " drop");
@@ -196,18 +281,18 @@ bool NetworkPair::partition(Cut cut, std::uint16_t port) {
   return apply_rules();
 }
 
-bool NetworkPair::heal() {
+bool FaultLink::heal() {
   owner_rules_.clear();
   consumer_rules_.clear();
   return set_loss(profile_.loss_per_mille);
 }
 
-bool NetworkPair::set_loss(unsigned per_mille) {
+bool FaultLink::set_loss(unsigned per_mille) {
   profile_.loss_per_mille = per_mille;
   return apply_rules();
 }
 
-bool NetworkPair::apply_rules() {
+bool FaultLink::apply_rules() {
   const std::string loss =
       profile_.loss_per_mille == 0 ? "" : "numgen random mod 1000 < " + std::to_string(profile_.loss_per_mille) + " drop";
   for (const auto side : {Side::owner, Side::consumer}) {
@@ -222,7 +307,7 @@ bool NetworkPair::apply_rules() {
   return true;
 }
 
-std::string http_get_in(const NetworkPair& pair, Side side, std::uint16_t port, const std::string& target) {
+std::string http_get_in(const FaultLink& pair, Side side, std::uint16_t port, const std::string& target) {
   const int fd = pair.socket_in(side, SOCK_STREAM);
   if (fd < 0) return {};
   set_timeouts(fd, std::chrono::seconds(5));
@@ -238,14 +323,14 @@ std::string http_get_in(const NetworkPair& pair, Side side, std::uint16_t port, 
   return response;
 }
 
-std::optional<std::chrono::steady_clock::duration> time_tcp_stream(const NetworkPair& pair, std::uint64_t bytes) {
+std::optional<std::chrono::steady_clock::duration> time_tcp_stream(const FaultLink& pair, std::uint64_t bytes) {
   const int listener = pair.socket_in(Side::owner, SOCK_STREAM);
   const int receiver = pair.socket_in(Side::consumer, SOCK_STREAM);
   const auto close_both = [&] {
     if (listener >= 0) ::close(listener);
     if (receiver >= 0) ::close(receiver);
   };
-  auto at = socket_address(NetworkPair::address(Side::owner), 0);
+  auto at = socket_address(FaultLink::address(Side::owner), 0);
   socklen_t length = sizeof at;
   if (listener < 0 || receiver < 0 || ::bind(listener, reinterpret_cast<sockaddr*>(&at), sizeof at) != 0 ||
       ::listen(listener, 1) != 0 || ::getsockname(listener, reinterpret_cast<sockaddr*>(&at), &length) != 0) {
@@ -268,7 +353,7 @@ std::optional<std::chrono::steady_clock::duration> time_tcp_stream(const Network
   });
   const auto start = std::chrono::steady_clock::now();
   std::uint64_t received = 0;
-  if (connect_to(receiver, NetworkPair::address(Side::owner), ntohs(at.sin_port))) {
+  if (connect_to(receiver, FaultLink::address(Side::owner), ntohs(at.sin_port))) {
     std::vector<char> block(1 << 20);
     for (ssize_t n; received < bytes && (n = ::read(receiver, block.data(), block.size())) > 0;) {
       received += static_cast<std::uint64_t>(n);
