@@ -103,42 +103,82 @@ asio::awaitable<Result<Message>> Consumer::State::request(Message message) {
 
 asio::awaitable<Result<void>> Consumer::State::pull_all(std::uint64_t lease, std::uint64_t size,
                                                         std::uint32_t chunk, const ChunkSink& write) {
+  std::vector<PullJob> one{PullJob{lease, size, chunk, write}};
+  auto pulled = co_await pull_objects(std::move(one));
+  co_return std::move(pulled.front());
+}
+
+asio::awaitable<std::vector<Result<void>>> Consumer::State::pull_objects(std::vector<PullJob> jobs) {
   struct Asked {
     std::uint64_t id;
+    std::size_t job;
     std::uint64_t offset;
     std::uint32_t len;
   };
   std::deque<Asked> asked;
-  const std::size_t window = std::max<std::size_t>(config.pull_window, 1);
-  std::uint64_t next = 0;
-  std::uint64_t received = 0;
-  // The fetch ends early (cancelled, or a chunk refused): the answers to
-  // the pulls still asked are dropped when they come.
-  auto forget_asked = [&] {
-    for (const auto& behind : asked) link->forget(behind.id);
+  // The window is bytes, not pulls: pull_window of the largest chunks. A set
+  // of objects smaller than a chunk keeps as many bytes on the wire as one
+  // large object does, so that a long round trip is filled either way.
+  std::uint64_t largest_chunk = 1;
+  for (const auto& job : jobs) largest_chunk = std::max<std::uint64_t>(largest_chunk, job.chunk);
+  const std::uint64_t window = std::max<std::uint64_t>(config.pull_window, 1) * largest_chunk;
+  std::uint64_t on_the_wire = 0;
+  std::vector<std::uint64_t> next(jobs.size(), 0);
+  std::vector<std::uint64_t> received(jobs.size(), 0);
+  std::vector<std::optional<Error>> failed(jobs.size());
+  std::size_t issuing = 0;  // the object whose pulls go out next
+  // An object that fails (or a fetch that ends) stops asking: the answers
+  // to its pulls still asked are dropped when they come.
+  auto forget_asked = [&](std::optional<std::size_t> only_job) {
+    std::erase_if(asked, [&](const Asked& behind) {
+      if (only_job && behind.job != *only_job) return false;
+      link->forget(behind.id);
+      on_the_wire -= behind.len;
+      return true;
+    });
   };
-  while (received < size) {
+  auto fail_unfinished = [&](const Error& why) {
+    forget_asked(std::nullopt);
+    for (std::size_t j = 0; j < jobs.size(); ++j) {
+      if (!failed[j] && received[j] < jobs[j].size) failed[j] = why;
+    }
+  };
+  for (;;) {
     if (co_await cancelled_here()) {
-      forget_asked();
-      co_return fetch_cancelled("during the chunked read");
+      fail_unfinished(fetch_cancelled("during the chunked read"));
+      break;
     }
-    while (asked.size() < window && next < size) {
-      const auto len = static_cast<std::uint32_t>(std::min<std::uint64_t>(chunk, size - next));
-      asked.push_back(Asked{link->send(Pull{lease, next, len}), next, len});
-      next += len;
+    // One window for every object: the next object's first pulls go out
+    // while the last of the one before are still on the wire.
+    for (;;) {
+      while (issuing < jobs.size() && (failed[issuing] || next[issuing] >= jobs[issuing].size)) ++issuing;
+      if (issuing == jobs.size()) break;
+      const auto& job = jobs[issuing];
+      const auto len = static_cast<std::uint32_t>(std::min<std::uint64_t>(job.chunk, job.size - next[issuing]));
+      if (!asked.empty() && on_the_wire + len > window) break;
+      asked.push_back(Asked{link->send(Pull{job.lease, next[issuing], len}), issuing, next[issuing], len});
+      next[issuing] += len;
+      on_the_wire += len;
     }
+    if (asked.empty()) break;
     const Asked pull = asked.front();
     asked.pop_front();
+    on_the_wire -= pull.len;
     auto reply = co_await link->answer(pull.id);
-    auto taken = take_chunk(pull.offset, pull.len, std::move(reply), write);
+    auto taken = take_chunk(pull.offset, pull.len, std::move(reply), jobs[pull.job].write);
     if (!taken) {
-      forget_asked();
-      co_return std::move(taken).error();
+      failed[pull.job] = std::move(taken).error();
+      forget_asked(pull.job);
+      if (!link->is_open()) fail_unfinished(*failed[pull.job]);
+      continue;
     }
-    received += pull.len;
-    if (config.on_progress) config.on_progress(received, size);
+    received[pull.job] += pull.len;
+    if (config.on_progress) config.on_progress(received[pull.job], jobs[pull.job].size);
   }
-  co_return success();
+  std::vector<Result<void>> results;
+  results.reserve(jobs.size());
+  for (auto& why : failed) results.push_back(why ? Result<void>(std::move(*why)) : success());
+  co_return results;
 }
 
 Result<void> Consumer::State::take_chunk(std::uint64_t offset, std::uint32_t len, Result<Message> reply,

@@ -103,6 +103,19 @@ struct Consumer::State {
   Awaitable<Result<void>> pull_all(std::uint64_t lease, std::uint64_t size, std::uint32_t chunk,
                                    const ChunkSink& write);
 
+  /// One object of pull_objects: its lease, size, chunk size and sink.
+  struct PullJob {
+    std::uint64_t lease;
+    std::uint64_t size;
+    std::uint32_t chunk;
+    ChunkSink write;
+  };
+  /// Reads several objects in chunks, in order, with one pull window over
+  /// all of them, so that a set of small objects costs round trips by the
+  /// window, not by the object. An object that fails stops only itself;
+  /// cancellation and a lost connection end them all. One result per job.
+  Awaitable<std::vector<Result<void>>> pull_objects(std::vector<PullJob> jobs);
+
   /// Ends a lease. The owner answers `object_changed` when the object was
   /// published again while the lease read it: then what was read may be a
   /// mix, and the fetch fails. Any other trouble with the answer says

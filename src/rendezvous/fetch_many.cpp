@@ -209,6 +209,8 @@ class ManyFetch {
   asio::awaitable<void> read(Batch& batch) {
     co_await read_rdma(batch);
     for (auto& object : batch.leased) co_await read_windows(object);
+    std::vector<Leased*> chunked;
+    std::vector<Consumer::State::PullJob> jobs;
     for (auto& object : batch.leased) {
       if (object.failed || !object.needs_chunks) continue;
       if (ended_) {
@@ -216,14 +218,20 @@ class ManyFetch {
         continue;
       }
       const auto& slot = slots_[object.index];
-      const auto write = copy_into(slot.region->bytes().subspan(slot.offset, object.outcome.size));
-      auto pulled = co_await s_.pull_all(object.lease, object.outcome.size, object.chunk, write);
-      if (pulled) {
+      chunked.push_back(&object);
+      jobs.push_back(Consumer::State::PullJob{object.lease, object.outcome.size, object.chunk,
+                                    copy_into(slot.region->bytes().subspan(slot.offset, object.outcome.size))});
+    }
+    if (jobs.empty()) co_return;
+    auto pulled = co_await s_.pull_objects(std::move(jobs));
+    for (std::size_t k = 0; k < chunked.size(); ++k) {
+      auto& object = *chunked[k];
+      if (pulled[k]) {
         object.outcome.path = Path::chunked;
         continue;
       }
-      object.failed = pulled.error();
-      if (pulled.error().is(errc::cancelled) || !s_.link->is_open()) ended_ = pulled.error();
+      object.failed = pulled[k].error();
+      if (pulled[k].error().is(errc::cancelled) || !s_.link->is_open()) ended_ = pulled[k].error();
     }
   }
 
