@@ -36,37 +36,6 @@ namespace {
 
 constexpr std::size_t file_size = 256 * MiB;
 
-/// A directory with one file of `size` bytes, gone with the object.
-struct ServedDirectory {
-  std::filesystem::path root;
-  std::filesystem::path file;
-  std::filesystem::path output;
-
-  explicit ServedDirectory(std::size_t size) {
-    std::string pattern = (std::filesystem::temp_directory_path() / "corma-bench-XXXXXX").string();
-    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-    root = pattern;
-    file = root / "served.bin";
-    output = root / "fetched.bin";
-    std::vector<std::byte> block(MiB);
-    for (std::size_t i = 0; i < block.size(); ++i) block[i] = static_cast<std::byte>(i * 31 + 7);
-    const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0) throw std::runtime_error("cannot create the served file");
-    for (std::size_t at = 0; at < size; at += block.size()) {
-      if (::write(fd, block.data(), block.size()) != static_cast<ssize_t>(block.size())) {
-        throw std::runtime_error("cannot write the served file");
-      }
-    }
-    ::close(fd);
-  }
-  ~ServedDirectory() {
-    std::error_code ignored;
-    std::filesystem::remove_all(root, ignored);
-  }
-  ServedDirectory(const ServedDirectory&) = delete;
-  ServedDirectory& operator=(const ServedDirectory&) = delete;
-};
-
 /// Seconds to stream the file over loopback TCP into the output file.
 double tcp_stream_seconds(const ServedDirectory& dir) {
   asio::io_context io;
@@ -99,41 +68,6 @@ double tcp_stream_seconds(const ServedDirectory& dir) {
   if (received != file_size) throw std::runtime_error("the TCP stream lost bytes");
   return seconds;
 }
-
-/// `corma get` in this process: a consumer of `server` on a thread of its
-/// own (the caller waits on futures), writing fetched files as they come.
-struct FileGetter {
-  asio::io_context io{1};
-  asio::executor_work_guard<asio::io_context::executor_type> work = asio::make_work_guard(io);
-  std::thread thread{[this] { io.run(); }};
-  std::unique_ptr<Consumer> consumer;
-
-  FileGetter(const FileServer& server, std::shared_ptr<Registry> registry) {
-    consumer = must(Consumer::connect(io.get_executor(), server.acceptor.local_endpoint(), std::move(registry), {},
-                                      asio::use_future)
-                        .get(),
-                    "consumer");
-  }
-  FileGetter(const FileGetter&) = delete;
-  FileGetter& operator=(const FileGetter&) = delete;
-  ~FileGetter() {
-    asio::post(io, [this] { consumer.reset(); });
-    work.reset();
-    thread.join();
-  }
-
-  /// Fetches the served file into the output file; seconds taken.
-  double fetch(const ServedDirectory& dir, Path expected) {
-    const auto start = clock_type::now();
-    auto output = must(cli::OutputFile::create(dir.output), "output file");
-    auto fetched = must(
-        consumer->async_fetch_to(dir.file.filename().string(), output.destination(), asio::use_future).get(),
-        "fetch");
-    if (fetched.path != expected || fetched.size != file_size) throw std::runtime_error("wrong fetch");
-    must(output.keep(), "output file");
-    return std::chrono::duration<double>(clock_type::now() - start).count();
-  }
-};
 
 /// A UCX registry over shared memory with a budget of `budget` bytes.
 std::shared_ptr<Registry> shm_registry(std::uint64_t budget) {

@@ -11,6 +11,7 @@
 #include "replica_fetch.hpp"
 #include "one_sided.hpp"
 #include "registration_reuse.hpp"
+#include "across_link.hpp"
 #include "file_fetch.hpp"
 #include "owner_names.hpp"
 #include "raw_ucx.hpp"
@@ -540,6 +541,9 @@ std::vector<Measurement> run_scenarios(const Options& options) {
   if (selected(options, "file_fetch")) {
     keep(file_fetch_chunked(options));
     keep(file_fetch_windows(options));
+  }
+  if (selected(options, "across_link")) {
+    for (auto& m : across_link(options, options.self)) keep(std::move(m));
   }
   if (selected(options, "acquire_many")) keep(owner_name_cost(options));
   if (selected(options, "registry_bookkeeping")) {

@@ -21,9 +21,7 @@ class NetworkPair : public FaultLink {
 
   /// Starts `args` inside `side`'s namespace.
   Process start_in(Side side, const std::vector<std::string>& args) const {
-    std::vector<std::string> wrapped = {tool("ip"), "netns", "exec", name(side)};
-    wrapped.insert(wrapped.end(), args.begin(), args.end());
-    return Process::start(wrapped);
+    return Process::start(command_in(side, args));
   }
 };
 

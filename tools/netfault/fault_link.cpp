@@ -20,6 +20,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <thread>
+#include <utility>
 
 extern char** environ;
 
@@ -235,10 +236,31 @@ bool FaultLink::fail(std::string why) {
   return false;
 }
 
-Ran FaultLink::run_in(Side side, const std::vector<std::string>& args) const {
+Launched::Launched(Launched&& other) noexcept
+    : pid_(std::exchange(other.pid_, -1)), output_(std::exchange(other.output_, -1)), said_(std::move(other.said_)) {}
+
+Launched::~Launched() {
+  kill_and_reap(pid_);
+  if (output_ >= 0) ::close(output_);
+}
+
+bool Launched::wait_for(const std::string& text, std::chrono::milliseconds limit) {
+  return output_ >= 0 && read_output(output_, said_, text, limit);
+}
+
+std::vector<std::string> FaultLink::command_in(Side side, const std::vector<std::string>& args) const {
   std::vector<std::string> wrapped = {ip(), "netns", "exec", name(side)};
   wrapped.insert(wrapped.end(), args.begin(), args.end());
-  return run_command(wrapped);
+  return wrapped;
+}
+
+Launched FaultLink::launch_in(Side side, const std::vector<std::string>& args) const {
+  const auto child = spawn(command_in(side, args));
+  return Launched(child.pid, child.output);
+}
+
+Ran FaultLink::run_in(Side side, const std::vector<std::string>& args) const {
+  return run_command(command_in(side, args));
 }
 
 int FaultLink::socket_in(Side side, int type) const {

@@ -51,6 +51,27 @@ sockaddr_in socket_address(const std::string& address, std::uint16_t port);
 /// Runs `args` (argv[0] a path) and waits for it, killing it past `limit`.
 Ran run_command(const std::vector<std::string>& args, std::chrono::seconds limit = std::chrono::seconds(20));
 
+/// A process started by the link (launch_in): its output can be waited
+/// for; it is killed and reaped when this goes.
+class Launched {
+ public:
+  Launched(pid_t pid, int output) : pid_(pid), output_(output) {}
+  Launched(Launched&& other) noexcept;
+  Launched(const Launched&) = delete;
+  Launched& operator=(const Launched&) = delete;
+  Launched& operator=(Launched&&) = delete;
+  ~Launched();
+
+  /// Reads its output until it holds `text`; false past `limit`.
+  bool wait_for(const std::string& text, std::chrono::milliseconds limit);
+  [[nodiscard]] const std::string& said() const noexcept { return said_; }
+
+ private:
+  pid_t pid_;
+  int output_;
+  std::string said_;
+};
+
 class FaultLink {
  public:
   /// Why the link cannot be made here (not root, no TUN, no ip/nft/tc, or
@@ -70,6 +91,12 @@ class FaultLink {
   [[nodiscard]] const std::string& name(Side side) const { return side == Side::owner ? owner_ : consumer_; }
   [[nodiscard]] static std::string address(Side side) { return side == Side::owner ? "10.77.0.1" : "10.77.0.2"; }
 
+  /// `args` as a command that runs inside `side`'s namespace (`ip netns
+  /// exec`, which also shows the namespace's devices in /sys).
+  [[nodiscard]] std::vector<std::string> command_in(Side side, const std::vector<std::string>& args) const;
+  /// Starts `args` inside `side`'s namespace (through `ip netns exec`, so
+  /// that it sees the namespace's devices in /sys too).
+  [[nodiscard]] Launched launch_in(Side side, const std::vector<std::string>& args) const;
   /// Runs `args` inside `side`'s namespace to its end.
   Ran run_in(Side side, const std::vector<std::string>& args) const;
   /// A socket (SOCK_STREAM or SOCK_DGRAM, IPv4) that lives in `side`'s
