@@ -7,7 +7,6 @@
 
 #include "scenarios.hpp"
 
-#include <string>
 #include <vector>
 
 namespace corma::bench {
@@ -16,13 +15,7 @@ namespace corma::bench {
 /// of a served file into a file, owner and consumer threads of this process
 /// in their namespaces; `fetch_many objects=1000 size=64KiB rtt=5ms`, tcp,
 /// chunked and trusted (RDMA over UCX's tcp), owner and consumer as
-/// processes (`self` is this program, run again in a role).
-std::vector<Measurement> across_link(const Options& options, const std::string& self);
-
-/// This program run as one side of a fetch_many row: `role` owner (serves
-/// the objects on `address` until killed, saying where) or consumer (fetches
-/// them from `address` once warm, once timed, and prints "seconds S");
-/// `mode` trusted or chunked. The exit status.
-int across_link_role(const std::string& role, const std::string& mode, const std::string& address);
+/// processes (corma-set-peer).
+std::vector<Measurement> across_link(const Options& options);
 
 }  // namespace corma::bench

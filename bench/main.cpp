@@ -1,12 +1,10 @@
 // corma-bench: corma against raw UCX in the same run, as ratios.
-#include "across_link.hpp"
 #include "report.hpp"
 #include "scenarios.hpp"
 
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 
 int main(int argc, char** argv) {
@@ -21,14 +19,7 @@ int main(int argc, char** argv) {
                  "scenarios: registration arena_allocate get_bandwidth get_latency small_get_rate get_batch end_to_end_fetch fetch_many parallel_fetch put_batch atomic_latency atomic_rate put_notify_latency push_fetch directory_resolve file_fetch across_link acquire_many registry_bookkeeping idle_cpu");
   app.add_option("--json", json_path, "write the results as JSON");
   app.add_option("--markdown", markdown_path, "write the results as a Markdown table");
-  // One side of a row across the link, run by the benchmark itself.
-  std::string role, mode, address;
-  app.add_option("--link-role", role)->group("");
-  app.add_option("--link-mode", mode)->group("");
-  app.add_option("--link-address", address)->group("");
   CLI11_PARSE(app, argc, argv);
-  if (!role.empty()) return across_link_role(role, mode, address);
-  options.self = std::filesystem::read_symlink("/proc/self/exe").string();
 
   std::string command = "corma-bench";
   for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];

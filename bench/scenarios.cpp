@@ -543,7 +543,7 @@ std::vector<Measurement> run_scenarios(const Options& options) {
     keep(file_fetch_windows(options));
   }
   if (selected(options, "across_link")) {
-    for (auto& m : across_link(options, options.self)) keep(std::move(m));
+    for (auto& m : across_link(options)) keep(std::move(m));
   }
   if (selected(options, "acquire_many")) keep(owner_name_cost(options));
   if (selected(options, "registry_bookkeeping")) {

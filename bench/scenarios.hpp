@@ -13,7 +13,6 @@ struct Options {
   int rounds = 7;           ///< alternating corma / raw rounds per point
   double bytes_scale = 1;   ///< scales the bytes moved per round
   std::vector<std::string> only;  ///< scenario names to run; empty = all
-  std::string self;               ///< this program, for rows that run it again as a child
 };
 
 /// Runs every selected scenario; prints progress to stderr.

@@ -81,9 +81,11 @@ class FetchUnderFaults : public cli::testing::TempTree {
     EXPECT_LT(owner->process.resident_anonymous_bytes(), 256u << 20) << "the owner's memory grew past 256 MiB";
   }
 
-  Process get(const std::string& out, std::vector<std::string> extra) {
+  /// `corma get` of the file from `from` (the first owner by default).
+  Process get(const std::string& out, std::vector<std::string> extra, const ServingOwner* from = nullptr) {
+    const auto port = (from != nullptr ? from : &*owner)->port;
     std::vector<std::string> args = {CORMA_BINARY, "get", NetworkPair::address(Side::owner) + ":" +
-                                     std::to_string(owner->port), "f.bin", "-o", (base / out).string()};
+                                     std::to_string(port), "f.bin", "-o", (base / out).string()};
     args.insert(args.end(), extra.begin(), extra.end());
     return pair->start_in(Side::consumer, args);
   }
@@ -94,13 +96,15 @@ class FetchUnderFaults : public cli::testing::TempTree {
   };
 
   /// A get run to its end, after checking every byte.
-  Fetched fetch_whole(const std::string& out, std::vector<std::string> extra) {
+  Fetched fetch_whole(const std::string& out, std::vector<std::string> extra, const ServingOwner* from = nullptr,
+                      const std::string& path_said = "") {
     const auto start = steady::now();
-    auto fetching = get(out, std::move(extra));
+    auto fetching = get(out, std::move(extra), from);
     const auto status = fetching.wait_exit(60s);
     Fetched fetched{steady::now() - start};
     EXPECT_EQ(status.value_or(-1), 0) << fetching.captured;
     EXPECT_TRUE(read_file(base / out) == content) << out << " differs from the served file";
+    EXPECT_NE(fetching.captured.find(path_said), std::string::npos) << "not " << path_said << ": " << fetching.captured;
     const auto comma = fetching.captured.rfind(", ");
     if (comma != std::string::npos) fetched.mb_per_s = std::atof(fetching.captured.c_str() + comma + 2);
     EXPECT_GT(fetched.mb_per_s, 0) << "no speed in: " << fetching.captured;

@@ -1,8 +1,8 @@
 // `corma serve` in one namespace and `corma get` in another, as separate
 // processes, across a faulty link: at round trips of 1, 5 and 20 ms, with
 // loss of 0.1, 1 and 5 % and with reordering, every path (RDMA over UCX's
-// tcp, chunks with the default and the widest pull window) delivers the
-// file byte for byte. Speeds are printed beside a plain TCP stream of the
+// tcp, whole or in windows; chunks with the default and the widest pull
+// window) delivers the file byte for byte. Speeds are printed beside a plain TCP stream of the
 // same bytes over the same link.
 #include "netfault/faulted_fetch.hpp"
 
@@ -25,10 +25,13 @@ TEST_P(EveryPathUnder, TheProfileAndArrivesByteExact) {
   link(GetParam().profile);
   make_file(16u << 20);
   serve({"--trusted-peers"});
-  const auto rdma = fetch_whole("rdma.out", {"--trusted-peers"});
-  const auto chunked = fetch_whole("chunked.out", {});
-  const auto wide = fetch_whole("wide.out", {"--pull-window", "64"});
-  report(GetParam().name, {{"rdma", rdma}, {"chunked", chunked}, {"chunked_window_64", wide}});
+  // An owner whose budget holds a quarter of the file lends it in windows.
+  const auto windowed_owner = start_owner({"--trusted-peers", "--budget", "4M"});
+  const auto rdma = fetch_whole("rdma.out", {"--trusted-peers"}, nullptr, "via rdma,");
+  const auto windows = fetch_whole("windows.out", {"--trusted-peers"}, &windowed_owner, "via rdma in ");
+  const auto chunked = fetch_whole("chunked.out", {}, nullptr, "via chunked");
+  const auto wide = fetch_whole("wide.out", {"--pull-window", "64"}, nullptr, "via chunked");
+  report(GetParam().name, {{"rdma", rdma}, {"rdma_windows", windows}, {"chunked", chunked}, {"chunked_window_64", wide}});
 }
 
 constexpr std::uint64_t gigabit = 1'000'000'000;
