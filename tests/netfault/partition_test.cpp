@@ -92,5 +92,27 @@ INSTANTIATE_TEST_SUITE_P(Cuts, PartitionedGet,
                                            Partition{"both_ways_rdma", Cut::both_ways, true}),
                          [](const auto& named) { return std::string(named.param.name); });
 
+TEST_F(FetchUnderFaults, ATwentySecondCutLongerThanTheLeaseEndsTheGetAndLeavesTheOwnerFree) {
+  // The owner's defaults: a 10 s lease, a 10 s io timeout.
+  link(LinkProfile{2500us, 0, 1000us, 0, 200'000'000});
+  make_file(32u << 20);
+  serve({});
+  auto fetching = get_in_flight("cut.out");
+  ASSERT_TRUE(pair->partition(Cut::both_ways));
+  const auto cut = steady::now();
+  const auto status = fetching.wait_exit(15s);
+  ASSERT_TRUE(status) << "the get outlived its deadline:\n" << fetching.captured;
+  EXPECT_EQ(*status, 1) << fetching.captured;
+  EXPECT_NE(fetching.captured.find("timeout"), std::string::npos) << fetching.captured;
+  // The rest of the 20 s: the lease (10 s past the last pull) runs out
+  // while the owner still cannot reach the consumer.
+  std::this_thread::sleep_until(cut + 20s);  // the fault itself, not a wait for an event
+  EXPECT_EQ(owner_metric("corma_owner_live_leases"), 0u) << "the owner still holds the lease of a consumer that gave up";
+  expect_owner_alive_and_bounded();
+  ASSERT_TRUE(pair->heal());
+  const auto again = fetch_whole("after.out", {});
+  EXPECT_LT(again.took, 5s) << "the healed owner serves a new consumer at once";
+}
+
 }  // namespace
 }  // namespace corma::netfault
