@@ -17,6 +17,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/thread_pool.hpp>
 #include <boost/asio/use_future.hpp>
 
 #include <cstdlib>
@@ -34,6 +35,8 @@ namespace corma::bench {
 struct FileServer {
   boost::asio::io_context io{1};
   boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work = boost::asio::make_work_guard(io);
+  /// corma serve's file threads: files are read into snapshots off the loop.
+  boost::asio::thread_pool file_readers{2};
   Owner owner;
   boost::asio::ip::tcp::acceptor acceptor;
   std::thread thread;
@@ -43,7 +46,11 @@ struct FileServer {
       : owner(io.get_executor(), std::move(registry), OwnerConfig{}),
         acceptor(io, {boost::asio::ip::make_address(address), 0}) {
     const auto files = must(cli::FileResolver::create(root), "file resolver");
-    owner.set_resolver(files, [files] { files.refresh(); });
+    owner.set_resolver(
+        [files, readers = file_readers.get_executor()](std::string name, ResolveHandler done) {
+          files.resolve(std::move(name), readers, std::move(done));
+        },
+        [files] { files.refresh(); });
     owner.serve(acceptor, boost::asio::detached);
     thread = std::thread([this] { io.run(); });
   }
@@ -53,6 +60,7 @@ struct FileServer {
     stop_serving(io, owner, acceptor);
     work.reset();
     thread.join();
+    file_readers.join();
   }
 };
 

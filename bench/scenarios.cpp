@@ -13,6 +13,8 @@
 #include "registration_reuse.hpp"
 #include "across_link.hpp"
 #include "file_fetch.hpp"
+#include "renew_traffic.hpp"
+#include "small_fetch_while_cold.hpp"
 #include "owner_names.hpp"
 #include "raw_ucx.hpp"
 
@@ -542,6 +544,8 @@ std::vector<Measurement> run_scenarios(const Options& options) {
     keep(file_fetch_chunked(options));
     keep(file_fetch_windows(options));
   }
+  if (selected(options, "small_fetch_while_cold")) keep(small_fetch_while_cold(options));
+  if (selected(options, "renew_traffic")) keep(renew_traffic(options));
   if (selected(options, "across_link")) {
     for (auto& m : across_link(options)) keep(std::move(m));
   }

@@ -72,6 +72,10 @@ inline bool same(const rv::Push& a, const rv::Push& b) {
   return a.name == b.name && a.notify == b.notify && a.tag == b.tag && a.landing == b.landing;
 }
 inline bool same(const rv::Pushed& a, const rv::Pushed& b) { return a.size == b.size; }
+inline bool same(const rv::Heartbeat&, const rv::Heartbeat&) { return true; }
+inline bool same(const rv::HeartbeatOk& a, const rv::HeartbeatOk& b) {
+  return a.leases == b.leases && a.lease_timeout_ms == b.lease_timeout_ms;
+}
 inline bool same(const rv::Granted& a, const rv::Granted& b);
 
 /// Two variants (messages, grants) hold the same alternative, field for field.

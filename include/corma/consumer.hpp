@@ -41,11 +41,12 @@ struct ConsumerConfig {
   /// Fetches (of any kind) running at once on the connection, RDMA
   /// transfers included; more wait their turn, in order. At least 1.
   std::size_t max_fetches_in_flight = 16;
-  /// The rendezvous protocol version offered in the hello: 3 (push) by
-  /// default; an older owner answers with its own, and then
-  /// async_push_fetch reads instead (version 2) and async_fetch_many
-  /// fetches one object at a time (version 1).
-  std::uint16_t protocol_version = 3;
+  /// The rendezvous protocol version offered in the hello: 4 (one
+  /// heartbeat keeps every lease of the connection) by default; an older
+  /// owner answers with its own, and then each lease is renewed by a frame
+  /// of its own (version 3), async_push_fetch reads instead (version 2) and
+  /// async_fetch_many fetches one object at a time (version 1).
+  std::uint16_t protocol_version = 4;
   /// Called on the consumer's executor as bytes arrive (after each chunk,
   /// and once when an RDMA transfer completes).
   std::function<void(std::uint64_t done, std::uint64_t total)> on_progress;
@@ -110,6 +111,11 @@ using LandingFor = std::function<Result<Landing>(std::uint64_t size)>;
 struct StreamDestination {
   ChunkSink sink;
   LandingFor rdma_landing;
+  /// A chunked fetch lands in `rdma_landing`'s memory too, each chunk read
+  /// there straight from the socket (no copy of corma's, no call that can
+  /// block the consumer's loop on a file); the sink then serves only the
+  /// fallback after a failed RDMA read. Needs `rdma_landing`.
+  bool chunks_to_landing = false;
 };
 
 /// A fetched object in a buffer of the consumer's own.
@@ -133,7 +139,8 @@ using ManyFetched = std::vector<Result<FetchOutcome>>;
 struct ConsumerStats {
   PathCounters decisions;
   std::uint64_t fallbacks = 0;
-  std::uint64_t renewals = 0;
+  std::uint64_t renewals = 0;    ///< lease renewals, one `renew` frame each (owners of versions 1 to 3)
+  std::uint64_t heartbeats = 0;  ///< heartbeats answered, each renewing every lease of the connection (version 4)
   std::uint64_t pushes = 0;  ///< objects the owner wrote into a landing (async_push_fetch)
 };
 
@@ -172,10 +179,12 @@ class Consumer {
   /// loss of the owner itself (the connection closed, a renewal failed),
   /// which is answered `peer_unreachable` as soon as it is noticed; the lease
   /// is released in every outcome that leaves an owner to release it to. A
-  /// cancelled fetch answers `cancelled` at once, wherever it is (waiting
-  /// for a place, for an answer, between pulls, during an RDMA get), and the
-  /// connection stays usable for every other fetch (docs/protocol.md,
-  /// "Cancelling a fetch").
+  /// cancelled fetch answers `cancelled` at its next safe point: at once
+  /// while it waits for a place, once the answer it waits for is in (within
+  /// the io timeout), between pulls, between windows, or once an RDMA get
+  /// under way has ended (never before: the get reads under the fetch's
+  /// lease). The connection stays usable for every other fetch
+  /// (docs/protocol.md, "Cancelling a fetch").
   /// Completes with Result<Fetched>.
   template <class Token = DefaultToken>
   auto async_fetch(std::string name, Token&& token = {}) {

@@ -7,6 +7,7 @@
 #include <corma/registry.hpp>
 #include <corma/rendezvous.hpp>
 
+#include <boost/asio/any_completion_handler.hpp>
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -33,6 +34,17 @@ struct PublishedObject {
 /// files on demand). Answer `region_not_found` for unknown names. Names
 /// reach it only once check_object_name() accepts them.
 using ObjectResolver = std::function<Result<PublishedObject>(std::string_view name)>;
+
+/// The completion of an AsyncObjectResolver's look-up.
+using ResolveHandler = boost::asio::any_completion_handler<void(Result<PublishedObject>)>;
+
+/// Finds objects like ObjectResolver, without holding up the owner's event
+/// loop while it works (a file read, a query): it completes `done` exactly
+/// once, from any thread (the owner takes the answer back to its own
+/// executor), with what ObjectResolver would return. The owner goes on
+/// serving every other request meanwhile; the acquire counts against the
+/// lease caps until it is answered.
+using AsyncObjectResolver = std::function<void(std::string name, ResolveHandler done)>;
 
 /// Run before a turn of look-ups (the names of the acquires from every
 /// connection the owner works on next): a resolver that keeps what it found
@@ -133,6 +145,7 @@ struct OwnerStats {
   std::uint64_t windows = 0;             ///< windows registered for objects larger than the budget holds
   std::uint64_t pushes = 0;              ///< objects written into consumers' memory (protocol version 3)
   std::uint64_t pushed_bytes = 0;
+  std::uint64_t heartbeats = 0;          ///< heartbeats answered, each renewing a connection's leases (version 4)
 };
 
 /// Runs on one executor (give it a single-threaded io_context or a strand):
@@ -146,7 +159,10 @@ class Owner {
   ~Owner();
 
   void publish(std::string name, PublishedObject object);
+  /// Names not published are looked up by `resolver` (replacing any
+  /// resolver set before, of either kind).
   void set_resolver(ObjectResolver resolver, ResolverRefresh refresh = {});
+  void set_resolver(AsyncObjectResolver resolver, ResolverRefresh refresh = {});
 
   /// Accepts and serves connections until stop(), the acceptor closes or
   /// the operation is cancelled; each connection is a coroutine of its own.

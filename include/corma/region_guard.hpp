@@ -5,7 +5,9 @@
 #include <corma/error.hpp>
 
 #include <boost/asio/any_completion_handler.hpp>
+#include <boost/asio/append.hpp>
 #include <boost/asio/async_result.hpp>
+#include <boost/asio/post.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -155,7 +157,15 @@ class RegionGuard {
   template <asio::completion_token_for<void(Result<BatchOutcome>)> Token>
   static auto async_get_batch(PeerId peer, std::vector<BatchedGet> gets, Token&& token) {
     return asio::async_initiate<Token, void(Result<BatchOutcome>)>(
-        [](auto handler, PeerId p, std::vector<BatchedGet> g) { do_get_batch(p, std::move(g), std::move(handler)); },
+        [](auto handler, PeerId p, std::vector<BatchedGet> g) {
+          // An empty batch names no backend to answer through: answered
+          // here, posted to the handler's own executor (never inside this
+          // call, wherever it runs, the backend's progress thread included).
+          if (g.empty()) {
+            return asio::post(asio::append(std::move(handler), Result<BatchOutcome>(BatchOutcome{0, {}})));
+          }
+          do_get_batch(p, std::move(g), std::move(handler));
+        },
         token, peer, std::move(gets));
   }
 

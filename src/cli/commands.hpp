@@ -23,6 +23,7 @@ struct ServeOptions {
   std::string budget = "1G";
   std::string metrics;  ///< empty: no metrics endpoint
   std::string snapshot_limit = "1G";  ///< bytes of file snapshots alive at once
+  unsigned file_threads = 2;          ///< threads that read served files, off the event loop
   std::size_t max_connections = 1024;
   std::size_t max_handshakes = 128;
   std::size_t max_leases = 65536;

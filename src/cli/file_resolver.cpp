@@ -2,6 +2,11 @@
 
 #include <corma/rendezvous.hpp>
 
+#include <boost/asio/associated_executor.hpp>
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/system_executor.hpp>
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -60,6 +65,34 @@ Result<PublishedObject> FileResolver::operator()(std::string_view name) const {
   CORMA_TRY(check_served_name(name));
   if (auto kept = snapshots_->find(name)) return PublishedObject{kept->bytes(), std::move(kept)};
   return read(std::string(name));
+}
+
+namespace {
+
+/// Completes `done` with `found` on the handler's own executor.
+void complete(ResolveHandler done, Result<PublishedObject> found) {
+  const auto executor = boost::asio::get_associated_executor(done, boost::asio::system_executor());
+  boost::asio::dispatch(executor, [done = std::move(done), found = std::move(found)]() mutable {
+    std::move(done)(std::move(found));
+  });
+}
+
+}  // namespace
+
+void FileResolver::resolve(std::string name, const boost::asio::any_io_executor& readers, ResolveHandler done) const {
+  if (auto valid = check_served_name(name); !valid) return complete(std::move(done), std::move(valid).error());
+  if (auto kept = snapshots_->find(name)) {
+    return complete(std::move(done), PublishedObject{kept->bytes(), std::move(kept)});
+  }
+  boost::asio::post(readers, [files = *this, name = std::move(name), done = std::move(done)]() mutable {
+    Result<PublishedObject> found = fail(errc::backend, "reading '" + name + "' failed");
+    try {
+      found = files.read(name);
+    } catch (const std::exception& e) {
+      found = fail(errc::backend, "reading '" + name + "' failed: " + e.what());
+    }
+    complete(std::move(done), std::move(found));
+  });
 }
 
 Result<PublishedObject> FileResolver::read(const std::string& name) const {

@@ -7,6 +7,8 @@
 
 #include <corma/owner.hpp>
 
+#include <boost/asio/any_io_executor.hpp>
+
 #include "snapshot_cache.hpp"
 
 #include <filesystem>
@@ -36,6 +38,13 @@ class FileResolver {
   /// missing file; `object_changed` for a file being written (see
   /// SnapshotCache::read); `budget_exceeded` past the snapshot limit.
   Result<PublishedObject> operator()(std::string_view name) const;
+
+  /// The same answer without blocking the caller (an AsyncObjectResolver,
+  /// for Owner::set_resolver): a kept snapshot is answered at once; a file
+  /// to read is read on `readers` (a small pool of file threads), so that
+  /// the owner's event loop goes on serving others while a large or cold
+  /// file is read. `done` is completed on its associated executor.
+  void resolve(std::string name, const boost::asio::any_io_executor& readers, ResolveHandler done) const;
 
   /// Brings the kept snapshots up to date with the file system: call it
   /// once before the names of one request are resolved (the Owner's

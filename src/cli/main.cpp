@@ -25,6 +25,11 @@ int main(int argc, char** argv) {
   serve_cmd->add_option("--snapshot-limit", serve.snapshot_limit,
                         "memory for the snapshots of files being served (each version read once, shared)")
       ->capture_default_str();
+  serve_cmd->add_option("--file-threads", serve.file_threads,
+                        "threads that read served files into snapshots, so that a large or cold file never holds "
+                        "up the event loop that serves every connection")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
   serve_cmd->add_option("--max-connections", serve.max_connections, "open connections at most; more are refused")
       ->capture_default_str();
   serve_cmd->add_option("--max-handshakes", serve.max_handshakes,

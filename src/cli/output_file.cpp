@@ -55,7 +55,9 @@ StreamDestination OutputFile::destination() {
     std::shared_ptr<const void> mapping(mapped, [size](const void* at) { ::munmap(const_cast<void*>(at), size); });
     return Landing{std::span<std::byte>(static_cast<std::byte*>(mapped), size), std::move(mapping)};
   };
-  return StreamDestination{sink(), std::move(landing)};
+  // Chunks land in the mapping too: read there from the socket, with no
+  // write of the file on the consumer's loop.
+  return StreamDestination{sink(), std::move(landing), true};
 }
 
 Result<void> OutputFile::keep() {

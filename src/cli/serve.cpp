@@ -12,6 +12,7 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/thread_pool.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
@@ -64,7 +65,15 @@ int run_serve(const ServeOptions& options) {
   owner_config.idle_timeout = milliseconds(options.idle_timeout_s);
   Owner owner(io.get_executor(), registry, owner_config);
   const auto files = std::move(resolver).value();
-  owner.set_resolver(files, [files] { files.refresh(); });
+  // Files are read into snapshots on threads of their own: the event loop
+  // serves every connection and must never wait for a disk. Destroyed
+  // (joined) before `io`, into which they answer.
+  asio::thread_pool file_readers(options.file_threads);
+  owner.set_resolver(
+      [files, readers = file_readers.get_executor()](std::string name, ResolveHandler done) {
+        files.resolve(std::move(name), readers, std::move(done));
+      },
+      [files] { files.refresh(); });
 
   asio::ip::tcp::acceptor acceptor(io);
   boost::system::error_code ec;
@@ -98,9 +107,9 @@ int run_serve(const ServeOptions& options) {
   }
 
   const auto bound = acceptor.local_endpoint();
-  std::printf("corma serve: listening on %s:%u, root %s, budget %s, %s\n", bound.address().to_string().c_str(),
-              bound.port(), options.root.c_str(), format_size(budget.value()).c_str(),
-              backend.value().description.c_str());
+  std::printf("corma serve: listening on %s:%u, root %s, budget %s, %s, %u file threads\n",
+              bound.address().to_string().c_str(), bound.port(), options.root.c_str(),
+              format_size(budget.value()).c_str(), backend.value().description.c_str(), options.file_threads);
   if (metrics) {
     std::printf("corma serve: metrics on http://%s:%u/metrics\n",
                 metrics->local_endpoint().address().to_string().c_str(), metrics->local_endpoint().port());

@@ -4,6 +4,8 @@
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/cancellation_signal.hpp>
+#include <boost/asio/this_coro.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -11,7 +13,9 @@
 #include <boost/asio/use_awaitable.hpp>
 
 #include <functional>
+#include <list>
 #include <map>
+#include <optional>
 
 namespace corma {
 
@@ -156,6 +160,9 @@ asio::awaitable<Result<ClusterManyFetched>> ClusterConsumer::fetch_many(std::vec
     pending.clear();
     std::size_t running = by_owner.size();
     asio::steady_timer all_done(state->executor, asio::steady_timer::time_point::max());
+    // One signal per owner's fetch: the set's cancellation reaches each.
+    std::list<asio::cancellation_signal> cancels;
+    std::optional<Error> failed;  // an owner's fetch that threw
     for (auto& [id, indices] : by_owner) {
       asio::co_spawn(
           state->executor,
@@ -180,7 +187,7 @@ asio::awaitable<Result<ClusterManyFetched>> ClusterConsumer::fetch_many(std::vec
               if (outcome) {
                 result.outcomes[i] = std::move(outcome);
                 result.owners[i] = owner->id;
-              } else if (owner_failed(outcome.error())) {
+              } else if (owner_failed(outcome.error()) && !outcome.error().is(errc::cancelled)) {
                 lost = lost || !outcome.error().is(errc::region_not_found);
                 result.outcomes[i] = std::move(outcome).error();
                 pending.push_back(i);  // to its next owner
@@ -189,16 +196,37 @@ asio::awaitable<Result<ClusterManyFetched>> ClusterConsumer::fetch_many(std::vec
               }
             }
             if (lost) state->pool.erase(owner->id);
-            if (--running == 0) all_done.cancel();
           },
-          asio::detached);
+          asio::bind_cancellation_slot(cancels.emplace_back().slot(), [&](std::exception_ptr thrown) {
+            // Counted however the owner's fetch ended, a throw included.
+            if (thrown && !failed) failed = Error{errc::backend, "an owner's fetch failed unexpectedly"};
+            if (--running == 0) all_done.cancel();
+          }));
     }
-    // Deaf to cancellation: the owners' fetches use this frame's state
-    // until they end (each ends within its connection's io timeout).
+    // The owners' fetches use this frame's state until they end: the set's
+    // cancellation is passed on to them, and the wait goes on, deaf, until
+    // every one has answered (each within its connection's io timeout).
+    bool cancelled = false;
     while (running > 0) {
       all_done.expires_at(asio::steady_timer::time_point::max());
-      (void)co_await all_done.async_wait(
-          asio::bind_cancellation_slot(asio::cancellation_slot(), asio::as_tuple(asio::use_awaitable)));
+      if (cancelled) {
+        (void)co_await all_done.async_wait(
+            asio::bind_cancellation_slot(asio::cancellation_slot(), asio::as_tuple(asio::use_awaitable)));
+        continue;
+      }
+      (void)co_await all_done.async_wait(asio::as_tuple(asio::use_awaitable));
+      auto cancellation = co_await asio::this_coro::cancellation_state;
+      if (running > 0 && cancellation.cancelled() != asio::cancellation_type::none) {
+        cancelled = true;
+        for (auto& cancel : cancels) cancel.emit(asio::cancellation_type::terminal);
+      }
+    }
+    if (failed) co_return std::move(*failed);
+    auto cancellation = co_await asio::this_coro::cancellation_state;
+    if (cancelled || cancellation.cancelled() != asio::cancellation_type::none) {
+      // No next round: what is still pending keeps the error it has.
+      for (auto i : pending) result.outcomes[i] = fail(errc::cancelled, "fetch cancelled");
+      break;
     }
     (void)exhausted;  // their last owner's error stays their outcome
   }

@@ -197,8 +197,15 @@ void RegionGuard::do_get_batch(PeerId peer, std::vector<BatchedGet> gets,
     begun.push_back(Begun{std::move(state), std::move(share)});
   }
   if (batch.empty()) {
+    // Answered from here, never inside this call: through the handler's own
+    // executor, else a backend's that one of the guards names.
     asio::any_io_executor via;
-    if (backend) via = backend->progress_executor();
+    for (const auto& get : gets) {
+      if (get.into != nullptr && get.into->state_) {
+        via = get.into->state_->backend()->progress_executor();
+        break;
+      }
+    }
     return completion.post(via, BatchOutcome{gets.size(), std::move(refused)});
   }
   auto slot = completion.cancellation_slot();

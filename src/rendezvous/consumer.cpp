@@ -96,6 +96,7 @@ Consumer::State::Destination landing_in(std::shared_ptr<const void>& held, Strea
   };
   landing.sink = std::move(destination.sink);
   landing.rdma_lands_for_good = true;
+  landing.chunks_to_memory = destination.chunks_to_landing;
   return landing;
 }
 
@@ -176,6 +177,7 @@ bool Consumer::rdma_ready() const noexcept { return state_->peer.has_value(); }
 ConsumerStats Consumer::stats() const {
   auto stats = state_->stats;
   stats.renewals = state_->leases->renewals();
+  stats.heartbeats = state_->leases->heartbeats();
   return stats;
 }
 

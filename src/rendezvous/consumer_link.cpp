@@ -21,7 +21,10 @@ Error from_reply(const ErrorReply& reply) {
 }
 
 ConsumerLink::ConsumerLink(asio::ip::tcp::socket socket, std::chrono::milliseconds io_timeout)
-    : executor_(socket.get_executor()), connection_(std::move(socket), default_max_frame_body), io_timeout_(io_timeout) {
+    : executor_(socket.get_executor()),
+      connection_(std::move(socket), default_max_frame_body),
+      io_timeout_(io_timeout),
+      landing_ended_(executor_, asio::steady_timer::time_point::max()) {
   // Chunks arrive frame after frame: their buffer is kept, not made per chunk.
   connection_.keep_read_buffer_up_to(default_max_frame_body);
 }
@@ -31,9 +34,11 @@ void ConsumerLink::start(std::function<void(const Error&)> on_lost) {
   asio::co_spawn(executor_, read_loop(shared_from_this()), asio::detached);
 }
 
-std::uint64_t ConsumerLink::send(Message message) {
+std::uint64_t ConsumerLink::send(Message message, std::span<std::byte> landing, std::uint64_t landing_offset) {
   const auto id = next_id_++;
   auto waiter = std::make_shared<Waiter>(executor_);
+  waiter->landing = landing;
+  waiter->landing_offset = landing_offset;
   if (ended_) waiter->answer = *ended_why_;
   waiting_.emplace(id, std::move(waiter));
   if (!ended_) enqueue(id, std::move(message));
@@ -60,13 +65,55 @@ asio::awaitable<void> ConsumerLink::write_loop([[maybe_unused]] std::shared_ptr<
   writing_ = false;
 }
 
+std::span<std::byte> ConsumerLink::land(const DataHead& head) {
+  auto found = waiting_.find(head.request_id);
+  if (found == waiting_.end()) return {};  // nobody waits: read and dropped
+  const auto& waiter = *found->second;
+  if (waiter.landing.size() == head.len && waiter.landing_offset == head.offset) {
+    landing_now_ = true;
+    return waiter.landing;
+  }
+  if (!spare_buffers_.empty()) {
+    filling_ = std::move(spare_buffers_.back());
+    spare_buffers_.pop_back();
+  }
+  filling_.resize(head.len);  // zero-fills only what a recycled buffer did not hold
+  return filling_;
+}
+
+void ConsumerLink::recycle(std::vector<std::byte> bytes) {
+  if (spare_buffers_.size() < max_spare_buffers && bytes.capacity() != 0) spare_buffers_.push_back(std::move(bytes));
+}
+
+asio::awaitable<void> ConsumerLink::landings_settled() {
+  while (landing_now_) {
+    (void)co_await landing_ended_.async_wait(
+        asio::bind_cancellation_slot(asio::cancellation_slot(), asio::as_tuple(asio::use_awaitable)));
+  }
+}
+
 asio::awaitable<void> ConsumerLink::read_loop([[maybe_unused]] std::shared_ptr<ConsumerLink> self) {
+  const DataLanding landing = [this](const DataHead& head) { return land(head); };
   while (!ended_) {
-    auto frame = co_await connection_.read(no_deadline, io_timeout_);
+    auto frame = co_await connection_.read(no_deadline, io_timeout_, &landing);
+    if (landing_now_) {
+      // The landing's memory is the caller's again, however the read ended.
+      landing_now_ = false;
+      landing_ended_.cancel();
+    }
+    auto filled = std::move(filling_);
+    filling_ = {};
     if (ended_) break;  // closed meanwhile
     if (!frame) {
       end(std::move(frame).error(), true);
       break;
+    }
+    // A payload read into a recycled buffer is the answer's bytes.
+    if (auto* data = std::get_if<Data>(&frame.value().message); data != nullptr && data->landed != 0 && !filled.empty()) {
+      data->bytes = std::move(filled);
+      data->landed = 0;
+    } else {
+      recycle(std::move(filled));
     }
     const auto id = frame.value().request_id;
     Result<Message> answer = std::move(frame.value().message);

@@ -19,6 +19,8 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
+#include <vector>
 #include <unordered_map>
 
 namespace corma::rendezvous {
@@ -41,7 +43,13 @@ class ConsumerLink : public std::enable_shared_from_this<ConsumerLink> {
 
   /// Queues a request; its answer is kept for answer(id). Requests are
   /// written in the order they were queued, each to its end.
-  std::uint64_t send(Message message);
+  ///
+  /// A pull may name `landing`, where its answer's bytes belong at
+  /// `landing_offset` of the object: a `data` answer of exactly that offset
+  /// and length is read straight into it (the answer's Data::landed says
+  /// so). The memory must stay valid until the answer is taken, or, after
+  /// forget(id), until landings_settled() returns.
+  std::uint64_t send(Message message, std::span<std::byte> landing = {}, std::uint64_t landing_offset = 0);
   /// The answer to request `id` (an owner's `error` as that error). Waits
   /// deaf to cancellation: answers come within io_timeout or the connection
   /// is given up (`timeout`), so a caller is never stuck, and a request is
@@ -51,6 +59,13 @@ class ConsumerLink : public std::enable_shared_from_this<ConsumerLink> {
   asio::awaitable<Result<Message>> ask(Message message);
   /// Nobody will call answer(id): its answer is dropped when it comes.
   void forget(std::uint64_t id) { waiting_.erase(id); }
+  /// Returns once no answer is being read into a landing (send()), so that
+  /// the memory of forgotten requests may go. Deaf to cancellation: the
+  /// read ends within the io timeout, or the connection does.
+  asio::awaitable<void> landings_settled();
+  /// Gives a `data` answer's bytes back for the next one (no allocation or
+  /// page faults per chunk on a streamed fetch).
+  void recycle(std::vector<std::byte> bytes);
 
   [[nodiscard]] bool is_open() const noexcept { return !ended_; }
   [[nodiscard]] const asio::any_io_executor& executor() const noexcept { return executor_; }
@@ -68,7 +83,12 @@ class ConsumerLink : public std::enable_shared_from_this<ConsumerLink> {
     explicit Waiter(const asio::any_io_executor& ex) : wake(ex) {}
     std::optional<Result<Message>> answer;
     asio::steady_timer wake;  ///< cancelled when the answer comes
+    std::span<std::byte> landing;
+    std::uint64_t landing_offset = 0;
   };
+  /// Where the payload of a `data` answer goes (FramedConnection::read):
+  /// its waiter's landing, else a recycled buffer, else nowhere special.
+  std::span<std::byte> land(const DataHead& head);
 
   asio::awaitable<void> read_loop(std::shared_ptr<ConsumerLink> self);  // `self` keeps it alive
   asio::awaitable<void> write_loop(std::shared_ptr<ConsumerLink> self);
@@ -87,6 +107,15 @@ class ConsumerLink : public std::enable_shared_from_this<ConsumerLink> {
   std::optional<Error> ended_why_;  ///< what requests made after the end are answered
   std::optional<Error> lost_;
   std::function<void(const Error&)> on_lost_;
+  /// The answer being read into a waiter's landing now (land()), and the
+  /// wake-up of landings_settled() (cancelled when that read ends).
+  bool landing_now_ = false;
+  asio::steady_timer landing_ended_;
+  /// Buffers of answers taken, for the next answers; and the one the frame
+  /// being read now fills.
+  std::vector<std::vector<std::byte>> spare_buffers_;
+  std::vector<std::byte> filling_;
+  static constexpr std::size_t max_spare_buffers = 8;
 };
 
 }  // namespace corma::rendezvous

@@ -76,6 +76,8 @@ asio::awaitable<Result<FetchOutcome>> Consumer::State::push_fetch(std::string na
   if (co_await cancelled_here()) co_return fetch_cancelled("before it was asked");
 
   auto peer_ready = co_await push_peer_ready();
+  // Cancelled while the push peer was set up: nothing of this fetch was sent.
+  if (co_await cancelled_here()) co_return fetch_cancelled("before its push was asked");
   std::optional<Error> refused;
   if (!peer_ready) {
     // Losing the owner while setting up is the fetch's end; anything else
@@ -93,6 +95,11 @@ asio::awaitable<Result<FetchOutcome>> Consumer::State::push_fetch(std::string na
     // Answered deaf to cancellation: the owner may be writing into the
     // landing until its answer comes (or the connection is lost).
     auto reply = co_await request(std::move(push));
+    // Cancelled meanwhile: the owner has stopped writing now (its answer
+    // came, or the connection is lost), and the fetch answers its
+    // cancellation whatever the push did (the landing's bytes unspecified,
+    // as after any terminal cancellation).
+    if (co_await cancelled_here()) co_return fetch_cancelled("while the owner pushed it");
     if (reply) {
       if (std::holds_alternative<NotFound>(reply.value())) {
         co_return fail(errc::region_not_found, "owner has no object named '" + name + "'");

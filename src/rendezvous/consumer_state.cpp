@@ -29,19 +29,23 @@ namespace rendezvous {
 
 Error fetch_cancelled(std::string_view when) { return Error{errc::cancelled, "fetch cancelled " + std::string(when)}; }
 
+Result<void> release_verdict(std::uint16_t code) {
+  if (code == static_cast<std::uint16_t>(errc::object_changed)) {
+    return fail(errc::object_changed, "owner: the object was published again during the lease");
+  }
+  if (code == static_cast<std::uint16_t>(errc::region_not_found)) {
+    return fail(errc::timeout, "the owner no longer held the lease when it was released (it lapsed): nothing "
+                               "proves the bytes read under it one version");
+  }
+  return success();
+}
+
 asio::awaitable<bool> cancelled_here() {
   auto state = co_await asio::this_coro::cancellation_state;
   co_return state.cancelled() != asio::cancellation_type::none;
 }
 
 }  // namespace rendezvous
-
-ChunkSink copy_into(std::span<std::byte> memory) {
-  return [memory](std::uint64_t offset, std::span<const std::byte> bytes) -> Result<void> {
-    std::memcpy(memory.data() + offset, bytes.data(), bytes.size());
-    return success();
-  };
-}
 
 Consumer::State::Destination registered_destination(RegionGuard& region, std::uint64_t offset,
                                                     std::uint64_t capacity) {
@@ -101,9 +105,8 @@ asio::awaitable<Result<Message>> Consumer::State::request(Message message) {
 
 // ---- the chunked path -------------------------------------------------------------
 
-asio::awaitable<Result<void>> Consumer::State::pull_all(std::uint64_t lease, std::uint64_t size,
-                                                        std::uint32_t chunk, const ChunkSink& write) {
-  std::vector<PullJob> one{PullJob{lease, size, chunk, write}};
+asio::awaitable<Result<void>> Consumer::State::pull_all(PullJob job) {
+  std::vector<PullJob> one{std::move(job)};
   auto pulled = co_await pull_objects(std::move(one));
   co_return std::move(pulled.front());
 }
@@ -156,7 +159,10 @@ asio::awaitable<std::vector<Result<void>>> Consumer::State::pull_objects(std::ve
       const auto& job = jobs[issuing];
       const auto len = static_cast<std::uint32_t>(std::min<std::uint64_t>(job.chunk, job.size - next[issuing]));
       if (!asked.empty() && on_the_wire + len > window) break;
-      asked.push_back(Asked{link->send(Pull{job.lease, next[issuing], len}), issuing, next[issuing], len});
+      // A pull into memory names where its answer lands: read there once.
+      const auto landing = job.memory.empty() ? std::span<std::byte>{} : job.memory.subspan(next[issuing], len);
+      asked.push_back(
+          Asked{link->send(Pull{job.lease, next[issuing], len}, landing, next[issuing]), issuing, next[issuing], len});
       next[issuing] += len;
       on_the_wire += len;
     }
@@ -165,7 +171,7 @@ asio::awaitable<std::vector<Result<void>>> Consumer::State::pull_objects(std::ve
     asked.pop_front();
     on_the_wire -= pull.len;
     auto reply = co_await link->answer(pull.id);
-    auto taken = take_chunk(pull.offset, pull.len, std::move(reply), jobs[pull.job].write);
+    auto taken = take_chunk(pull.offset, pull.len, std::move(reply), jobs[pull.job]);
     if (!taken) {
       failed[pull.job] = std::move(taken).error();
       forget_asked(pull.job);
@@ -175,6 +181,8 @@ asio::awaitable<std::vector<Result<void>>> Consumer::State::pull_objects(std::ve
     received[pull.job] += pull.len;
     if (config.on_progress) config.on_progress(received[pull.job], jobs[pull.job].size);
   }
+  // Answers still being read into the jobs' memory finish before it goes.
+  co_await link->landings_settled();
   std::vector<Result<void>> results;
   results.reserve(jobs.size());
   for (auto& why : failed) results.push_back(why ? Result<void>(std::move(*why)) : success());
@@ -182,22 +190,31 @@ asio::awaitable<std::vector<Result<void>>> Consumer::State::pull_objects(std::ve
 }
 
 Result<void> Consumer::State::take_chunk(std::uint64_t offset, std::uint32_t len, Result<Message> reply,
-                                         const ChunkSink& write) {
+                                         const PullJob& job) {
   CORMA_TRY(auto message, std::move(reply));
   auto* data = std::get_if<Data>(&message);
-  if (data == nullptr || data->offset != offset || data->bytes.size() != len) {
+  const bool landed = data != nullptr && !job.memory.empty() && data->landed == len && data->bytes.empty();
+  if (data == nullptr || data->offset != offset || (!landed && data->bytes.size() != len)) {
     Error wrong{errc::protocol, "owner answered a pull with the wrong bytes"};
     link->give_up(wrong);
     return wrong;
   }
-  return write(offset, data->bytes);
+  if (landed) return success();
+  Result<void> written = success();
+  if (job.memory.empty()) {
+    written = job.write(offset, data->bytes);
+  } else {
+    std::memcpy(job.memory.data() + offset, data->bytes.data(), len);
+  }
+  link->recycle(std::move(data->bytes));
+  return written;
 }
 
 asio::awaitable<Result<void>> Consumer::State::release(std::uint64_t lease) {
   Release message{lease};
   auto answer = co_await request(message);
-  if (!answer && answer.error().is(errc::object_changed)) co_return std::move(answer).error();
-  co_return success();
+  if (answer || answer.error().code.category() != error_category()) co_return success();
+  co_return release_verdict(static_cast<std::uint16_t>(answer.error().code.value()));
 }
 
 // ---- the RDMA path -------------------------------------------------------------------
@@ -223,14 +240,23 @@ asio::awaitable<std::optional<Error>> Consumer::State::run_transfer(const StartT
   }
   while (!answered) {
     // Woken by the transfer's answer, or by the fetch's cancellation (the
-    // owner's loss cancels the transfer, which then answers).
-    (void)co_await wake.async_wait(as_result);
+    // owner's loss cancels the transfer, which then answers). Once stopped
+    // the wait is deaf: only the transfer's own answer ends it.
+    if (stopped) {
+      (void)co_await wake.async_wait(asio::bind_cancellation_slot(asio::cancellation_slot(), as_result));
+    } else {
+      (void)co_await wake.async_wait(as_result);
+    }
     if (answered || stopped) continue;
     if (auto gone = lost()) {
       stopped = std::move(gone);
     } else if (co_await cancelled_here()) {
+      // The transfer is not cancelled but waited for: it reads the owner's
+      // memory under the fetch's lease, and the lease must outlive it (a
+      // transfer cancelled early would go on in the provider, and the lease
+      // released now could let the owner free or reuse what it reads). A
+      // transfer ends by itself or by the backend's operation deadline.
       stopped = fetch_cancelled("during the rdma get");
-      cancel.emit(asio::cancellation_type::terminal);
     }
   }
   if (!stopped) stopped = lost();
@@ -252,8 +278,10 @@ asio::awaitable<Result<void>> Consumer::State::read_remote(const std::vector<std
                           answered();
                         })));
   };
+  // A fetch stopped meanwhile (cancelled, or its owner lost) answers why,
+  // even when the get itself got through.
   auto stopped = co_await run_transfer(start);
-  if (!*got && stopped) co_return std::move(*stopped);
+  if (stopped) co_return std::move(*stopped);
   co_return std::move(*got);
 }
 
@@ -312,8 +340,11 @@ asio::awaitable<Result<RemoteKeyId>> Consumer::State::key_for(const PackedKey& p
     imported_keys.clear();
   }
   CORMA_CO_TRY(auto key, co_await backend->async_import_key(*peer, packed, asio::use_awaitable));
-  imported_keys.emplace(packed, key);
-  co_return key;
+  // Another fetch may have imported the same key meanwhile: one is kept,
+  // the other let go, so that none is left imported with nobody to release it.
+  auto [kept, inserted] = imported_keys.emplace(packed, key);
+  if (!inserted) backend->async_release_key(key, [](Result<void>) {});
+  co_return kept->second;
 }
 
 // ---- fetches ----------------------------------------------------------------------------
@@ -363,7 +394,8 @@ asio::awaitable<Result<FetchOutcome>> Consumer::State::fetch(std::string name, c
   }
   // A streamed chunked fetch needs no memory of its own.
   Result<std::span<std::byte>> into = std::span<std::byte>{};
-  if (!destination.sink || grant != nullptr || window != nullptr) {
+  const bool rdma_granted = grant != nullptr || window != nullptr;
+  if (!destination.sink || rdma_granted || destination.chunks_to_memory) {
     into = co_await span_to_fill(destination, lease, fetched.size);
     if (!into) co_return std::move(into).error();
   }
@@ -436,9 +468,12 @@ asio::awaitable<Result<FetchOutcome>> Consumer::State::fetch(std::string name, c
       if (!into) co_return std::move(into).error();
     }
   }
-  // Named, not a temporary inside the co_await: g++ 12 destroys those twice.
-  const ChunkSink write = destination.sink ? destination.sink : copy_into(into.value());
-  auto pulled = co_await pull_all(lease, fetched.size, chunk, write);
+  // Streamed to the sink, or read straight into the destination's memory.
+  // (After a failed RDMA read, memory the read was given is not used again:
+  // a sink's fallback goes to the sink.)
+  PullJob job{lease, fetched.size, chunk, destination.sink, {}};
+  if (!destination.sink || (destination.chunks_to_memory && !rdma_granted)) job.memory = into.value();
+  auto pulled = co_await pull_all(std::move(job));
   if (!pulled) {
     (void)co_await release(lease);  // answered at once: the owner has the lease back when the fetch ends
     co_return std::move(pulled).error();
@@ -463,6 +498,17 @@ asio::awaitable<Result<void>> Consumer::State::hello() {
   }
   const auto offered = hello.backend;
   const auto offered_version = hello.version;
+  // A peer offered and not taken (the owner declined RDMA, its answer was
+  // refused, the hello failed) is closed, not left with the backend (a
+  // queue pair, on verbs).
+  struct ClosedUnlessTaken {
+    std::optional<PeerId>& pending;
+    const std::optional<PeerId>& taken;
+    const std::shared_ptr<Registry>& registry;
+    ~ClosedUnlessTaken() {
+      if (pending && pending != taken) registry->backend()->async_peer_close(*pending, [](Result<void>) {});
+    }
+  } close_unless_taken{pending, peer, registry};
   CORMA_CO_TRY(auto reply, co_await request(std::move(hello)));
   auto* ok = std::get_if<HelloOk>(&reply);
   if (ok == nullptr) co_return fail(errc::protocol, "owner did not answer hello");
@@ -471,6 +517,7 @@ asio::awaitable<Result<void>> Consumer::State::hello() {
   }
   version = ok->version;
   max_batch = std::max<std::uint16_t>(ok->max_batch, 1);
+  if (version >= heartbeat_protocol_version) leases->use_heartbeat();
   if (pending && ok->backend == offered && !ok->peer_answer.empty()) {
     auto completed = co_await registry->backend()->async_peer_complete(*pending, std::move(ok->peer_answer),
                                                                       asio::use_awaitable);

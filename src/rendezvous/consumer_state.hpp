@@ -34,6 +34,13 @@ inline constexpr std::uint32_t fallback_chunk = 256 * 1024;
 inline constexpr std::size_t max_imported_keys = 4096;
 
 [[nodiscard]] Error fetch_cancelled(std::string_view when);
+/// What the owner's answer to a release (the error code it named, 0 for
+/// none) says of the bytes read under the lease: the one rule for a single
+/// fetch and a set. `object_changed`: published again while it was read;
+/// `region_not_found`: the owner no longer held the lease (it lapsed), so
+/// nothing proves the bytes one version (`timeout`); anything else says
+/// nothing about the bytes.
+[[nodiscard]] Result<void> release_verdict(std::uint16_t code);
 /// Whether the fetch running on this coroutine thread has been cancelled.
 [[nodiscard]] boost::asio::awaitable<bool> cancelled_here();
 
@@ -96,20 +103,22 @@ struct Consumer::State {
 
   // ---- the chunked path ---------------------------------------------------------
 
-  /// Reads the object in chunks, keeping up to `pull_window` pulls on the
-  /// wire so that the owner's reads, the network and our copies overlap.
-  /// A cancelled fetch stops asking at once (the answers to pulls already
-  /// asked are dropped when they come).
-  Awaitable<Result<void>> pull_all(std::uint64_t lease, std::uint64_t size, std::uint32_t chunk,
-                                   const ChunkSink& write);
-
-  /// One object of pull_objects: its lease, size, chunk size and sink.
+  /// One object of pull_objects: its lease, size, chunk size, and where its
+  /// bytes go: read straight into `memory` (the object's size) when it is
+  /// given, else handed to `write` chunk by chunk.
   struct PullJob {
     std::uint64_t lease;
     std::uint64_t size;
     std::uint32_t chunk;
     ChunkSink write;
+    std::span<std::byte> memory;
   };
+
+  /// Reads the object in chunks, keeping up to `pull_window` pulls on the
+  /// wire so that the owner's reads, the network and our copies overlap.
+  /// A cancelled fetch stops asking at once (the answers to pulls already
+  /// asked are dropped when they come).
+  Awaitable<Result<void>> pull_all(PullJob job);
   /// Reads several objects in chunks, in order, with one pull window over
   /// all of them, so that a set of small objects costs round trips by the
   /// window, not by the object. An object that fails stops only itself;
@@ -128,10 +137,12 @@ struct Consumer::State {
   /// function to call on the consumer's executor once it has answered.
   using StartTransfer = std::function<void(boost::asio::cancellation_slot, std::function<void()>)>;
 
-  /// Runs a transfer to its answer. When the owner is lost, or the fetch is
-  /// cancelled, the transfer is cancelled (terminal) rather than left to its
-  /// own deadline; the leases it reads are kept alive meanwhile by the
-  /// lease keeper. Returns why it was stopped, or nothing.
+  /// Runs a transfer to its answer. When the owner is lost the transfer is
+  /// cancelled (terminal) rather than left to its own deadline. When the
+  /// fetch is cancelled it is waited for all the same (it ends by itself or
+  /// by the backend's operation deadline): the lease it reads under must
+  /// outlive it. The leases are kept alive meanwhile by the lease keeper.
+  /// Returns why it was stopped, or nothing.
   Awaitable<std::optional<Error>> run_transfer(const StartTransfer& start);
 
   /// Gets the `len` bytes a descriptor names into `guard` at `offset`.
@@ -170,6 +181,9 @@ struct Consumer::State {
     /// With a sink: span_for's memory is where an RDMA read belongs for
     /// good (the caller's landing), so the sink is not handed it.
     bool rdma_lands_for_good = false;
+    /// With a sink: a chunked fetch (not a fallback) is read into
+    /// span_for's memory as well, the sink not called.
+    bool chunks_to_memory = false;
   };
 
   /// One object, RDMA first and chunked exactly once on its failure.
@@ -188,17 +202,14 @@ struct Consumer::State {
   Awaitable<Result<PeerId>> push_peer_ready();
 
  private:
-  /// Checks the answer to a pull of [offset, offset + len) and hands its
-  /// bytes to `write`. Wrong bytes end the connection: the owner is not
-  /// speaking the protocol.
-  Result<void> take_chunk(std::uint64_t offset, std::uint32_t len, Result<Message> reply, const ChunkSink& write);
+  /// Checks the answer to a pull of [offset, offset + len) of `job` and
+  /// puts its bytes where they go (unless they landed there already).
+  /// Wrong bytes end the connection: the owner is not speaking the protocol.
+  Result<void> take_chunk(std::uint64_t offset, std::uint32_t len, Result<Message> reply, const PullJob& job);
   /// Where the object goes; when it has nowhere to go, the lease is released.
   Awaitable<Result<std::span<std::byte>>> span_to_fill(const Destination& destination, std::uint64_t lease,
                                                        std::uint64_t size);
 };
-
-/// Copies chunks into `memory` at their offsets.
-[[nodiscard]] ChunkSink copy_into(std::span<std::byte> memory);
 
 /// A fetch into `capacity` bytes at `offset` of a region the caller keeps
 /// registered (refused when it is not, or when the object does not fit).

@@ -219,8 +219,8 @@ class ManyFetch {
       }
       const auto& slot = slots_[object.index];
       chunked.push_back(&object);
-      jobs.push_back(Consumer::State::PullJob{object.lease, object.outcome.size, object.chunk,
-                                    copy_into(slot.region->bytes().subspan(slot.offset, object.outcome.size))});
+      jobs.push_back(Consumer::State::PullJob{object.lease, object.outcome.size, object.chunk, {},
+                                              slot.region->bytes().subspan(slot.offset, object.outcome.size)});
     }
     if (jobs.empty()) co_return;
     auto pulled = co_await s_.pull_objects(std::move(jobs));
@@ -345,12 +345,28 @@ class ManyFetch {
     if (batch.release) {
       auto reply = co_await s_.link->answer(*batch.release);
       auto* released = reply ? std::get_if<ReleasedMany>(&reply.value()) : nullptr;
-      if (released != nullptr && released->codes.size() == batch.leased.size()) codes = std::move(released->codes);
+      if (released != nullptr && released->codes.size() == batch.leased.size()) {
+        codes = std::move(released->codes);
+      } else if (reply) {
+        // An answer that names other leases than were released (or is no
+        // released_many at all): the owner is out of step.
+        Error wrong{errc::protocol, "owner answered release_many with something other than one code per lease"};
+        s_.link->give_up(wrong);
+        for (auto& object : batch.leased) {
+          if (!object.failed) object.failed = wrong;
+        }
+      }
     }
     for (std::size_t k = 0; k < batch.leased.size(); ++k) {
       auto& object = batch.leased[k];
-      if (!object.failed && !codes.empty() && codes[k] == static_cast<std::uint16_t>(errc::object_changed)) {
-        object.failed = Error{errc::object_changed, "owner: the object was published again during the lease"};
+      // The rules of a single fetch (consumer_state.cpp): a lease that
+      // lapsed while it was read, or that the owner no longer held when it
+      // was released, proves nothing; one published again fails.
+      if (!object.failed) {
+        if (auto lapsed = batch.kept[k].lost()) object.failed = std::move(lapsed);
+      }
+      if (!object.failed && !codes.empty()) {
+        if (auto verdict = release_verdict(codes[k]); !verdict) object.failed = std::move(verdict).error();
       }
       if (object.failed) {
         outcomes_[object.index] = *object.failed;

@@ -1,5 +1,8 @@
 // At most so many operations at once; the others wait their turn, and one
-// cancelled while it waits leaves without having taken a place.
+// cancelled while it waits leaves without having taken a place. A place that
+// frees is handed to the oldest waiter directly (it is never free while
+// someone waits), so no wake-up can be lost or shared: two places freed
+// before either waiter runs go to two waiters.
 #pragma once
 
 #include <corma/error.hpp>
@@ -41,12 +44,21 @@ class InFlightLimit {
   [[nodiscard]] std::size_t in_flight() const noexcept { return in_flight_; }
 
  private:
+  /// A waiter: woken (its timer cancelled) once, when it is given a place.
+  struct Waiter {
+    explicit Waiter(const boost::asio::any_io_executor& ex)
+        : wake(ex, boost::asio::steady_timer::time_point::max()) {}
+    boost::asio::steady_timer wake;
+    bool given = false;
+  };
+
+  /// A place goes: to the oldest waiter if there is one, else it is free.
   void leave();
 
   boost::asio::any_io_executor executor_;
   std::size_t limit_;
-  std::size_t in_flight_ = 0;
-  std::list<boost::asio::steady_timer*> waiting_;  ///< oldest first; each cancelled when a place frees
+  std::size_t in_flight_ = 0;  ///< places taken, including those handed to waiters not yet running
+  std::list<Waiter*> waiting_;  ///< oldest first
 };
 
 }  // namespace corma::rendezvous

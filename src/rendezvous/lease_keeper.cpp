@@ -73,7 +73,29 @@ asio::awaitable<void> LeaseKeeper::run([[maybe_unused]] std::shared_ptr<LeaseKee
   }
 }
 
+asio::awaitable<void> LeaseKeeper::send_heartbeat() {
+  // Named, not a temporary: g++ 12 destroys a temporary argument of a
+  // co_await expression twice.
+  Message beat = Heartbeat{};
+  auto answered = co_await link_->ask(std::move(beat));
+  if (answered && std::holds_alternative<HeartbeatOk>(answered.value())) {
+    ++heartbeats_;
+    co_return;
+  }
+  if (!link_->is_open()) co_return;  // the connection's end says it all
+  // Not renewed: none of the leases can be counted on any more.
+  const auto why = answered ? std::string("the owner answered the heartbeat with something else")
+                            : answered.error().message();
+  for (auto& [lease, kept] : kept_) {
+    if (!kept.lost) kept.lost = Error{errc::timeout, "the owner did not renew the connection's leases: " + why};
+  }
+}
+
 asio::awaitable<void> LeaseKeeper::renew_all() {
+  if (heartbeat_) {
+    co_await send_heartbeat();
+    co_return;
+  }
   // All at once, then their answers: one round trip renews every lease.
   std::vector<std::pair<std::uint64_t, std::uint64_t>> asked;  // (lease, request)
   for (const auto& [lease, kept] : kept_) {

@@ -1,7 +1,9 @@
 // Keeps a consumer's leases alive: every lease a fetch holds is renewed,
 // together with the connection's others, every third of the shortest lease
-// timeout (at least every second), however long the fetch takes. One
-// keeper per connection; fetches only say which leases they hold.
+// timeout (at least every second), however long the fetch takes: by one
+// heartbeat frame for the whole connection (protocol version 4), or by a
+// renew frame per lease (older owners). One keeper per connection; fetches
+// only say which leases they hold.
 #pragma once
 
 #include "consumer_link.hpp"
@@ -47,8 +49,11 @@ class LeaseKeeper : public std::enable_shared_from_this<LeaseKeeper> {
   /// Renews until the connection ends or stop().
   void start();
   void stop();
+  /// The owner speaks version 4: one heartbeat renews every lease.
+  void use_heartbeat() noexcept { heartbeat_ = true; }
 
   [[nodiscard]] std::uint64_t renewals() const noexcept { return renewals_; }
+  [[nodiscard]] std::uint64_t heartbeats() const noexcept { return heartbeats_; }
 
  private:
   struct Kept {
@@ -58,6 +63,7 @@ class LeaseKeeper : public std::enable_shared_from_this<LeaseKeeper> {
 
   asio::awaitable<void> run(std::shared_ptr<LeaseKeeper> self);
   asio::awaitable<void> renew_all();
+  asio::awaitable<void> send_heartbeat();
   [[nodiscard]] std::chrono::milliseconds interval() const;
 
   std::shared_ptr<ConsumerLink> link_;
@@ -65,6 +71,8 @@ class LeaseKeeper : public std::enable_shared_from_this<LeaseKeeper> {
   asio::steady_timer wake_;
   bool stopped_ = false;
   std::uint64_t renewals_ = 0;
+  std::uint64_t heartbeats_ = 0;
+  bool heartbeat_ = false;
 };
 
 }  // namespace corma::rendezvous

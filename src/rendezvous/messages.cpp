@@ -181,6 +181,13 @@ void put_payload(Writer& out, const Push& m) {
 
 void put_payload(Writer& out, const Pushed& m) { out.u64(m.size); }
 
+void put_payload(Writer&, const Heartbeat&) {}
+
+void put_payload(Writer& out, const HeartbeatOk& m) {
+  out.u32(m.leases);
+  out.u32(m.lease_timeout_ms);
+}
+
 // ---- payload decoders --------------------------------------------------------
 
 Result<Hello> get_hello(Reader& in) {
@@ -475,6 +482,14 @@ Result<Pushed> get_pushed(Reader& in) {
   return m;
 }
 
+Result<HeartbeatOk> get_heartbeat_ok(Reader& in) {
+  HeartbeatOk m;
+  CORMA_TRY(m.leases, in.u32("heartbeat_ok leases"));
+  CORMA_TRY(m.lease_timeout_ms, in.u32("heartbeat_ok lease timeout"));
+  return m;
+}
+
+Result<Heartbeat> get_heartbeat(Reader&) { return Heartbeat{}; }
 Result<NotFound> get_not_found(Reader&) { return NotFound{}; }
 Result<Released> get_released(Reader&) { return Released{}; }
 
@@ -556,6 +571,25 @@ Result<std::uint32_t> decode_frame_length(std::span<const std::byte> prefix, std
                                 std::to_string(max_body));
   }
   return body;
+}
+
+Result<std::optional<DataHead>> decode_data_head(std::span<const std::byte> head, std::uint32_t body_length) {
+  if (head.size() < data_head_body || body_length < data_head_body) return std::optional<DataHead>{};
+  Reader in(head.first(data_head_body));
+  CORMA_TRY(auto type, in.u8("frame type"));
+  if (type != static_cast<std::uint8_t>(MessageType::data)) return std::optional<DataHead>{};
+  CORMA_TRY(auto reserved8, in.u8("frame reserved byte"));
+  CORMA_TRY(auto reserved16, in.u16("frame reserved bytes"));
+  if (reserved8 != 0 || reserved16 != 0) return fail(errc::protocol, "frame reserved bytes are not zero");
+  DataHead data;
+  CORMA_TRY(data.request_id, in.u64("frame request id"));
+  CORMA_TRY(data.offset, in.u64("data offset"));
+  CORMA_TRY(data.len, in.u32("data length"));
+  if (data.len != body_length - data_head_body) {
+    return fail(errc::protocol, "data length " + std::to_string(data.len) + " disagrees with the " +
+                                    std::to_string(body_length - data_head_body) + " bytes that follow");
+  }
+  return std::optional<DataHead>{data};
 }
 
 Result<Frame> decode_frame_body(std::span<const std::byte> body) {

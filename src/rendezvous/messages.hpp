@@ -18,7 +18,7 @@ namespace corma::rendezvous {
 
 /// The version a consumer offers and an owner speaks; an owner also
 /// serves consumers of every version from oldest_protocol_version on.
-inline constexpr std::uint16_t protocol_version = 3;
+inline constexpr std::uint16_t protocol_version = 4;
 inline constexpr std::uint16_t oldest_protocol_version = 1;
 /// Version 2 adds the batch frames (acquire_many, granted, release_many,
 /// released_many), hello_ok's max_batch, and RDMA windows (rdma_window,
@@ -28,6 +28,9 @@ inline constexpr std::uint16_t batch_protocol_version = 2;
 /// push, pushed): the owner writes an object into memory the consumer
 /// offers for it.
 inline constexpr std::uint16_t push_protocol_version = 3;
+/// Version 4 adds the connection's heartbeat (heartbeat, heartbeat_ok):
+/// one frame keeps every lease of the connection alive.
+inline constexpr std::uint16_t heartbeat_protocol_version = 4;
 /// u32 body length, u8 type, u8 reserved, u16 reserved, u64 request id.
 inline constexpr std::size_t frame_header_size = 16;
 /// Bytes after the length prefix of the fixed header.
@@ -73,7 +76,9 @@ inline constexpr std::uint32_t default_max_frame_body = (1u << 20) + 64;
   X(22, push_connect, PushConnect)   \
   X(23, push_ready, PushReady)       \
   X(24, push, Push)                  \
-  X(25, pushed, Pushed)
+  X(25, pushed, Pushed)              \
+  X(26, heartbeat, Heartbeat)        \
+  X(27, heartbeat_ok, HeartbeatOk)
 
 #define CORMA_MESSAGE_ENUMERATOR(value, name, Type) name = value,
 enum class MessageType : std::uint8_t { CORMA_RENDEZVOUS_MESSAGES(CORMA_MESSAGE_ENUMERATOR) };
@@ -131,6 +136,10 @@ struct Pull {
 struct Data {
   std::uint64_t offset = 0;
   std::vector<std::byte> bytes;
+  /// Never encoded: set by a reader that read the payload straight into
+  /// memory its caller named for this answer (FramedConnection::read's
+  /// landing), `bytes` then left empty. How many bytes landed there.
+  std::uint32_t landed = 0;
 };
 struct Renew {
   std::uint64_t lease = 0;
@@ -218,6 +227,15 @@ struct Push {
 struct Pushed {
   std::uint64_t size = 0;
 };
+/// Consumer → owner (version 4): every lease this connection holds is
+/// renewed. Answered `heartbeat_ok`.
+struct Heartbeat {};
+/// Owner → consumer: the leases renewed (those this connection holds now)
+/// and the lease timeout they run on.
+struct HeartbeatOk {
+  std::uint32_t leases = 0;
+  std::uint32_t lease_timeout_ms = 0;
+};
 
 /// The largest encoding of one answer in `granted` (a grant with the
 /// largest descriptor), and so the most answers a `granted` frame of
@@ -251,6 +269,25 @@ struct Frame {
 /// bytes written straight from where they live. Head then payload equal
 /// encode_frame(Frame{request_id, Data{offset, payload}}).
 [[nodiscard]] std::vector<std::byte> encode_data_head(std::uint64_t request_id, std::uint64_t offset, std::size_t len);
+
+/// Bytes of a `data` frame's body ahead of its payload: the fixed header,
+/// the offset and the length.
+inline constexpr std::size_t data_head_body = frame_fixed_body + 12;
+
+/// What a `data` frame says ahead of its payload.
+struct DataHead {
+  std::uint64_t request_id = 0;
+  std::uint64_t offset = 0;
+  std::uint32_t len = 0;
+};
+
+/// Decodes the first data_head_body bytes of a frame body `body_length`
+/// bytes long, so that the payload can be read straight to where it
+/// belongs: nothing when the frame is not a `data` frame (its body is then
+/// decoded whole), `protocol` for reserved bytes that are not zero or a
+/// length that disagrees with the body's, as decode_frame_body() would.
+[[nodiscard]] Result<std::optional<DataHead>> decode_data_head(std::span<const std::byte> head,
+                                                               std::uint32_t body_length);
 
 /// Reads the 4-byte length prefix; refuses a body shorter than the fixed
 /// header or longer than `max_body` (`protocol`) before anything is read.

@@ -1,14 +1,24 @@
 #include "owner_state.hpp"
 
+#include <cerrno>
+
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
 namespace corma {
 
 namespace asio = boost::asio;
 using namespace rendezvous;
+
+namespace {
+
+/// How long an owner out of descriptors waits before it accepts again.
+constexpr std::chrono::milliseconds accept_retry_pause{50};
+
+}  // namespace
 
 Owner::Owner(asio::any_io_executor executor, std::shared_ptr<Registry> registry, OwnerConfig config)
     : state_(std::make_shared<State>(executor, std::move(registry), config)) {
@@ -27,6 +37,13 @@ void Owner::publish(std::string name, PublishedObject object) {
 
 void Owner::set_resolver(ObjectResolver resolver, ResolverRefresh refresh) {
   state_->resolver = std::move(resolver);
+  state_->async_resolver = nullptr;
+  state_->refresh_resolver = std::move(refresh);
+}
+
+void Owner::set_resolver(AsyncObjectResolver resolver, ResolverRefresh refresh) {
+  state_->resolver = nullptr;
+  state_->async_resolver = std::move(resolver);
   state_->refresh_resolver = std::move(refresh);
 }
 
@@ -58,7 +75,15 @@ asio::awaitable<void> Owner::accept_loop(asio::ip::tcp::acceptor& acceptor) {
     auto [ec, socket] = co_await acceptor.async_accept(asio::as_tuple(asio::use_awaitable));
     if (ec) {
       if (ec == asio::error::operation_aborted || !acceptor.is_open()) break;
-      continue;  // a failed accept (out of descriptors, reset) does not end serving
+      // A failed accept does not end serving. Out of descriptors or memory,
+      // the connection stays in the backlog and the next accept fails at
+      // once: wait a moment instead of spinning on it.
+      if (ec == asio::error::no_descriptors || ec == asio::error::no_buffer_space || ec == asio::error::no_memory ||
+          ec.value() == ENFILE) {
+        asio::steady_timer pause(state->executor, accept_retry_pause);
+        (void)co_await pause.async_wait(asio::as_tuple(asio::use_awaitable));
+      }
+      continue;
     }
     admit(std::move(socket));
     for (int more = 1; more < accepts_per_turn && !state->draining; ++more) {

@@ -3,6 +3,8 @@
 #include "owner_state.hpp"
 
 #include <boost/asio/as_tuple.hpp>
+#include <boost/asio/async_result.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
 #include <algorithm>
@@ -81,7 +83,24 @@ Owner::State::PreparedAcquire Owner::State::prepare_acquire(std::uint64_t sessio
     ++stats.refused_requests;
     return error_reply(*refused);
   }
+  PendingAcquire pending{Lease{session, request.name, {}, std::nullopt, nullptr, {}},
+                         published.contains(request.name),
+                         windows,
+                         nullptr,
+                         false,
+                         request.wants_rdma,
+                         rdma_peer};
+  if (async_resolver && !pending.cacheable) {
+    // Looked up off the loop: counted against the caps meanwhile.
+    pending.unresolved = true;
+    pending.under_way = std::make_unique<AcquireUnderWay>(*this, session);
+    return pending;
+  }
   auto object = find(request.name);
+  return decide(std::move(pending), std::move(object));
+}
+
+Owner::State::PreparedAcquire Owner::State::decide(PendingAcquire pending, Result<PublishedObject> object) {
   if (!object) {
     if (object.error().is(errc::region_not_found)) {
       ++stats.not_found;
@@ -89,23 +108,46 @@ Owner::State::PreparedAcquire Owner::State::prepare_acquire(std::uint64_t sessio
     }
     return error_reply(object.error());
   }
+  auto& lease = pending.lease;
   const std::uint64_t size = object.value().bytes.size();
-  const bool published_here = published.contains(request.name);
-  Lease lease{session, request.name, std::move(object).value(), std::nullopt, nullptr, {}};
-  if (auto it = publications.find(request.name); it != publications.end() && published_here) {
+  lease.object = std::move(object).value();
+  if (auto it = publications.find(lease.name); it != publications.end() && pending.cacheable) {
     lease.publication = it->second;
   }
   if (draining) return grant_lease(std::move(lease), ChunkedReason::draining);
-  if (!request.wants_rdma || !rdma_peer) return grant_lease(std::move(lease), ChunkedReason::no_offer);
+  if (!pending.wants_rdma || !pending.rdma_peer) return grant_lease(std::move(lease), ChunkedReason::no_offer);
   if (size < config.rdma_threshold) return grant_lease(std::move(lease), ChunkedReason::below_threshold);
   if (auto ready = ready_export(lease.name, lease.object)) {
     lease.exported = std::move(ready);
     return grant_lease(std::move(lease), std::nullopt);
   }
-  return PendingAcquire{std::move(lease), published_here, windows, std::make_unique<AcquireUnderWay>(*this, session)};
+  if (!pending.under_way) pending.under_way = std::make_unique<AcquireUnderWay>(*this, lease.session);
+  pending.unresolved = false;
+  return pending;
+}
+
+asio::awaitable<Result<PublishedObject>> Owner::State::resolve(std::string name) {
+  auto self = shared_from_this();
+  auto lookup = async_resolver;  // kept: a resolver set meanwhile does not pull it away
+  co_return co_await asio::async_initiate<decltype(asio::use_awaitable), void(Result<PublishedObject>)>(
+      [&lookup, &name, ex = executor](auto handler) {
+        // Answered from any thread: taken back to the owner's executor.
+        lookup(std::move(name), ResolveHandler([ex, done = std::move(handler)](Result<PublishedObject> found) mutable {
+                 asio::post(ex, [done = std::move(done), found = std::move(found)]() mutable {
+                   std::move(done)(std::move(found));
+                 });
+               }));
+      },
+      asio::use_awaitable);
 }
 
 asio::awaitable<Grant> Owner::State::complete_acquire(PendingAcquire pending) {
+  if (pending.unresolved) {
+    auto object = co_await resolve(pending.lease.name);
+    auto decided = decide(std::move(pending), std::move(object));
+    if (auto* grant = std::get_if<Grant>(&decided)) co_return std::move(*grant);
+    pending = std::get<PendingAcquire>(std::move(decided));
+  }
   auto& lease = pending.lease;
   std::optional<ChunkedReason> reason;
   auto exported = co_await export_object(lease.name, lease.object, pending.cacheable);
@@ -180,9 +222,28 @@ Message Owner::State::renew(std::uint64_t session, const Renew& request) {
   return Renewed{static_cast<std::uint32_t>(config.lease_timeout.count())};
 }
 
+Message Owner::State::heartbeat(std::uint64_t session) {
+  ++stats.heartbeats;
+  std::uint32_t renewed = 0;
+  if (auto owned = session_leases.find(session); owned != session_leases.end()) {
+    for (auto id : owned->second) {
+      if (auto it = leases.find(id); it != leases.end()) {
+        refresh(it->second);
+        ++renewed;
+      }
+    }
+  }
+  return rendezvous::HeartbeatOk{renewed, static_cast<std::uint32_t>(config.lease_timeout.count())};
+}
+
 Message Owner::State::release(std::uint64_t session, const Release& request) {
   Lease* lease = lease_of(session, request.lease);
-  if (lease == nullptr) return Released{};
+  if (lease == nullptr) {
+    // Lapsed (or never granted): what was read under it is not proven one
+    // version, and the consumer must learn so rather than read success.
+    ++stats.refused_requests;
+    return error_reply(Error{errc::region_not_found, "no such lease on this connection (it lapsed, or was never granted)"});
+  }
   const bool changed = republished_since(*lease);
   erase_lease(leases.find(request.lease));
   ++stats.leases_released;

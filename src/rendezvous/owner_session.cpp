@@ -65,6 +65,8 @@ asio::awaitable<bool> Owner::State::take(const Session& session, AnswerQueue& an
     reply = error_reply(std::move(slice).error());
   } else if (auto* renew_request = std::get_if<Renew>(&message)) {
     reply = renew(session.id, *renew_request);
+  } else if (std::holds_alternative<rendezvous::Heartbeat>(message) && session.version4) {
+    reply = heartbeat(session.id);
   } else if (auto* release_request = std::get_if<Release>(&message)) {
     reply = release(session.id, *release_request);
   } else if (auto* to_release = std::get_if<ReleaseMany>(&message); to_release != nullptr && session.version2) {
@@ -76,6 +78,9 @@ asio::awaitable<bool> Owner::State::take(const Session& session, AnswerQueue& an
   } else if (push_request) {
     ++stats.refused_requests;  // answered, the connection kept
     reply = ErrorReply{static_cast<std::uint16_t>(errc::protocol), "push needs protocol version 3"};
+  } else if (std::holds_alternative<rendezvous::Heartbeat>(message)) {
+    ++stats.refused_requests;  // answered, the connection kept
+    reply = ErrorReply{static_cast<std::uint16_t>(errc::protocol), "heartbeat needs protocol version 4"};
   } else {
     hostile = true;  // a consumer never sends owner messages
     ++stats.refused_requests;
@@ -96,7 +101,7 @@ asio::awaitable<void> Owner::State::session(asio::ip::tcp::socket socket) {
   --handshakes;
   const auto& peer = greeting.peer;
   const Session session{session_id, peer.has_value(), greeting.version >= batch_protocol_version,
-                        greeting.version >= push_protocol_version};
+                        greeting.version >= push_protocol_version, greeting.version >= heartbeat_protocol_version};
   AnswerQueue answers(*connection, config.io_timeout);
   const auto in_flight = std::max<std::size_t>(config.max_requests_in_flight, 1);
   const auto names_in_flight = std::max<std::size_t>(config.max_names_in_flight, 1);

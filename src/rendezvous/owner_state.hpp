@@ -123,6 +123,8 @@ struct Owner::State : std::enable_shared_from_this<State> {
   /// it read, so its release can tell whether the object changed meanwhile.
   std::map<std::string, std::uint64_t, std::less<>> publications;
   ObjectResolver resolver;
+  /// Set instead of `resolver`: names are looked up off the event loop.
+  AsyncObjectResolver async_resolver;
   /// Run once before each turn of acquires looks names up (set_resolver).
   std::function<void()> refresh_resolver;
   std::map<std::uint64_t, Lease> leases;
@@ -189,6 +191,8 @@ struct Owner::State : std::enable_shared_from_this<State> {
   // ---- objects, leases, batches (owner_leases.cpp) ----
 
   Result<PublishedObject> find(std::string_view name);
+  /// A name the async resolver looks up, answered on the owner's executor.
+  Awaitable<Result<PublishedObject>> resolve(std::string name);
 
   /// Leases `session` holds, and acquires it has under way.
   std::size_t leases_of(std::uint64_t session) const;
@@ -232,6 +236,11 @@ struct Owner::State : std::enable_shared_from_this<State> {
     bool cacheable = false;  ///< a published object: its export may be kept
     bool windows = false;
     std::unique_ptr<AcquireUnderWay> under_way;
+    /// The name is still to be looked up (async_resolver), and the lease
+    /// decided after.
+    bool unresolved = false;
+    bool wants_rdma = false;
+    bool rdma_peer = false;
   };
   using PreparedAcquire = std::variant<Grant, PendingAcquire>;
 
@@ -243,8 +252,14 @@ struct Owner::State : std::enable_shared_from_this<State> {
   /// windows.
   PreparedAcquire prepare_acquire(std::uint64_t session, bool rdma_peer, bool windows, const Acquire& request);
 
-  /// The rest: registers the object (or its first window) and answers.
+  /// The rest: looks the name up if the async resolver has it, registers
+  /// the object (or its first window) and answers.
   Awaitable<Grant> complete_acquire(PendingAcquire pending);
+
+  /// An acquire's answer once its object is found: chunked when it needs
+  /// no registration (or cannot have one), the export at hand when one is,
+  /// else what complete_acquire() must register.
+  PreparedAcquire decide(PendingAcquire pending, Result<PublishedObject> object);
 
   /// Records `lease` and answers for it: chunked with `reason`, else RDMA.
   Grant grant_lease(Lease lease, std::optional<rendezvous::ChunkedReason> reason);
@@ -255,6 +270,9 @@ struct Owner::State : std::enable_shared_from_this<State> {
   Result<PublishedObject> pull(std::uint64_t session, const Pull& request);
 
   Message renew(std::uint64_t session, const Renew& request);
+
+  /// Renews every lease `session` holds (protocol version 4).
+  Message heartbeat(std::uint64_t session);
 
   /// Ends the lease. A consumer reports success only after this answer: it
   /// is `object_changed` when the object was published again while the
@@ -365,6 +383,7 @@ struct Owner::State : std::enable_shared_from_this<State> {
     bool rdma_peer = false;  ///< the consumer's RDMA offer was taken
     bool version2 = false;   ///< batches and windows
     bool version3 = false;   ///< push
+    bool version4 = false;   ///< the connection's heartbeat
   };
 
   /// Queues an acquire, a batch of them or a window for dispatch(); they

@@ -7,7 +7,11 @@
 
 #include "programs/children.hpp"
 
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/bind_executor.hpp>
 #include <boost/asio/co_spawn.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
 namespace corma::contract {
@@ -58,6 +62,80 @@ TEST_P(BackendContract, CoroutinesOnTheProgressExecutorCompleteOnTheProgressThre
   EXPECT_EQ(run.resumed_elsewhere, 0) << "a completion hopped to another thread";
   EXPECT_TRUE(same_bytes(local_buffer.data(), remote_buffer.data(), size));
   EXPECT_TRUE(unmap(initiator, local.value().id));
+}
+
+/// Starts a guard batch of `gets` from the progress thread and tells whether
+/// its answer ran inside the initiating function, and what it was.
+struct EarlyAnswer {
+  bool answered_inside = false;
+  std::optional<Result<BatchOutcome>> outcome;
+};
+
+asio::awaitable<EarlyAnswer> batch_answered_inside(PeerId peer, std::vector<BatchedGet> gets) {
+  EarlyAnswer seen;
+  // Awaited too: a frame freed under its own initiation would crash here.
+  auto awaited = co_await RegionGuard::async_get_batch(peer, gets, asio::use_awaitable);
+  if (!awaited || awaited.value().failures.size() != gets.size()) co_return seen;
+  bool initiating = true;
+  std::optional<Result<BatchOutcome>> got;
+  asio::steady_timer answered(co_await asio::this_coro::executor, asio::steady_timer::time_point::max());
+  RegionGuard::async_get_batch(peer, std::move(gets),
+                               asio::bind_executor(co_await asio::this_coro::executor, [&](Result<BatchOutcome> outcome) {
+                                 seen.answered_inside = initiating;
+                                 got = std::move(outcome);
+                                 answered.cancel();
+                               }));
+  initiating = false;
+  if (!got) (void)co_await answered.async_wait(asio::as_tuple(asio::use_awaitable));
+  seen.outcome = std::move(got);
+  co_return seen;
+}
+
+// docs/architecture.md: a handler is never invoked inside its initiating
+// function, wherever it is started. A batch answered without reaching the
+// backend (empty, or every element refused) from the backend's own
+// progress thread, whose executor runs dispatched work inline, once ran
+// its handler before async_get_batch returned: a coroutine's frame was then
+// freed under its own initiation.
+TEST_P(BackendContract, AGuardBatchAnsweredWithoutTheBackendIsNeverAnsweredInsideItsInitiation) {
+  constexpr std::size_t size = 4 * KiB;
+  auto local_buffer = OwnedBuffer::allocate(size);
+  Pair pair;
+  ASSERT_NO_FATAL_FAILURE(connect(GetParam(), pair));
+  auto registry = std::make_shared<Registry>(pair.initiator.backend, RegistryConfig{1 << 20, 0});
+  auto registering = registry->async_register(local_buffer.bytes(), Access::local, asio::use_future);
+  ASSERT_EQ(registering.wait_for(answer_limit), std::future_status::ready);
+  auto guard = registering.get();
+  ASSERT_TRUE(guard) << guard.error().message();
+  // Outside the guard: refused before the backend sees it.
+  std::vector<BatchedGet> refused{BatchedGet{&guard.value(), RemoteRegion{}, TransferRange{size, 0, 1}}};
+  for (auto* gets : {static_cast<std::vector<BatchedGet>*>(nullptr), &refused}) {
+    auto seen = asio::co_spawn(pair.initiator.backend->progress_executor(),
+                               batch_answered_inside(pair.peer, gets ? *gets : std::vector<BatchedGet>{}),
+                               asio::use_future);
+    ASSERT_EQ(seen.wait_for(answer_limit), std::future_status::ready) << "the batch was never answered";
+    const auto answer = seen.get();
+    EXPECT_FALSE(answer.answered_inside) << (gets ? "a wholly refused" : "an empty") << " batch was answered inside "
+                                         << "async_get_batch";
+    ASSERT_TRUE(answer.outcome.has_value());
+    ASSERT_TRUE(*answer.outcome) << answer.outcome->error().message();
+    EXPECT_EQ(answer.outcome->value().failures.size(), gets ? 1U : 0U);
+    // A handler with no executor of its own, from another thread.
+    // (Answered on this thread while async_get_batch has not returned.)
+    std::atomic<bool> initiating{true};
+    const auto test_thread = std::this_thread::get_id();
+    std::promise<bool> inside;
+    RegionGuard::async_get_batch(pair.peer, gets ? *gets : std::vector<BatchedGet>{}, [&](Result<BatchOutcome>) {
+      inside.set_value(std::this_thread::get_id() == test_thread && initiating.load());
+    });
+    initiating = false;
+    auto answered_inside = inside.get_future();
+    ASSERT_EQ(answered_inside.wait_for(answer_limit), std::future_status::ready);
+    EXPECT_FALSE(answered_inside.get()) << "answered inside async_get_batch, without an executor of its own";
+  }
+  auto deregistering = guard.value().async_deregister(asio::use_future);
+  ASSERT_EQ(deregistering.wait_for(answer_limit), std::future_status::ready);
+  EXPECT_TRUE(deregistering.get());
 }
 
 // Work posted to the progress executor from a coroutine running on it runs:

@@ -38,6 +38,7 @@ struct StrictOwner {
   bool closed = false;
   bool done = false;  // serve() returned: the owner may be destroyed
   std::size_t reverse_after = 0;
+  bool lapse_on_release = false;  // answers every release as an owner whose lease lapsed
 
   static std::optional<std::uint64_t> lease_of(const rv::Message& message) {
     if (auto* pull = std::get_if<rv::Pull>(&message)) return pull->lease;
@@ -71,6 +72,9 @@ struct StrictOwner {
     if (auto* pull = std::get_if<rv::Pull>(&message)) {
       const auto first = object.begin() + static_cast<std::ptrdiff_t>(pull->offset);
       return rv::Data{pull->offset, std::vector<std::byte>(first, first + static_cast<std::ptrdiff_t>(pull->len))};
+    }
+    if (lapse_on_release) {
+      return rv::ErrorReply{static_cast<std::uint16_t>(errc::region_not_found), "no such lease on this connection"};
     }
     return rv::Released{};
   }
@@ -174,16 +178,54 @@ TEST_F(Rendezvous, AnswersInAnyOrderReachTheirOwnRequests) {
   EXPECT_GT(strict.overlapping, 0) << "the fetches did not talk at once";
 }
 
+TEST_F(Rendezvous, APeerOfferedToAnOwnerThatDeclinesRdmaIsClosed) {
+  // An owner without a registry takes no RDMA offer: the consumer's peer,
+  // made for its hello, must not stay open with its backend.
+  owner = std::make_unique<corma::Owner>(io.get_executor(), nullptr);
+  owner->publish("small", corma::PublishedObject{small, nullptr});
+  asio::co_spawn(io, owner->serve(acceptor), asio::detached);
+  std::size_t open_while_connected = 1;
+  corma::testing::run(io, [&]() -> asio::awaitable<void> {
+    auto consumer = (co_await connect(consumer_registry)).value();
+    EXPECT_EQ(consumer->stats().decisions.rdma, 0U);
+    co_await poll_until([&] { return consumer_backend->open_peers() == 0; });
+    open_while_connected = consumer_backend->open_peers();
+    auto fetched = co_await consumer->async_fetch("small");
+    EXPECT_TRUE(fetched) << fetched.error().message();
+  }());
+  EXPECT_EQ(open_while_connected, 0U) << "the declined peer was left open";
+}
+
+TEST_F(Rendezvous, AFetchWhoseLeaseTheOwnerNoLongerHeldAtItsReleaseFails) {
+  // The owner's answer to the release says the lease had lapsed: nothing
+  // proves the bytes one version, so the fetch does not report success.
+  StrictOwner strict;
+  strict.lapse_on_release = true;
+  asio::co_spawn(io, strict.serve(acceptor), asio::detached);
+  std::optional<corma::Result<corma::Fetched>> outcome;
+  corma::testing::run(io, [&]() -> asio::awaitable<void> {
+    auto consumer = (co_await connect(nullptr)).value();
+    outcome = co_await consumer->async_fetch("object");
+  }());
+  strict.wait_until_done(io);
+  ASSERT_TRUE(outcome.has_value());
+  ASSERT_FALSE(*outcome) << "a fetch whose lease lapsed reported success";
+  EXPECT_TRUE(outcome->error().is(errc::timeout)) << outcome->error().message();
+}
+
 /// `count` fetches of "big" at once on one connection with their gets held:
 /// `while_held(consumer)` runs once all the gets are in flight, then they
 /// are let go, and every fetch must have arrived whole by RDMA.
 class HeldFetches : public Rendezvous {
  protected:
-  void fetch_while_held(int count, const std::function<asio::awaitable<void>(corma::Consumer&)>& while_held) {
+  void fetch_while_held(int count, const std::function<asio::awaitable<void>(corma::Consumer&)>& while_held,
+                        corma::ConsumerConfig config = {}) {
     consumer_backend->hold_transfers();
     std::vector<std::optional<corma::Result<corma::Fetched>>> outcomes(static_cast<std::size_t>(count));
     corma::testing::run(io, [&]() -> asio::awaitable<void> {
-      auto consumer = (co_await connect(consumer_registry)).value();
+      auto consumer =
+          (co_await corma::Consumer::connect(io.get_executor(), acceptor.local_endpoint(), consumer_registry, config))
+              .value();
       for (auto& outcome : outcomes) {
         asio::co_spawn(io, [&consumer, &outcome]() -> asio::awaitable<void> {
           outcome = co_await consumer->async_fetch("big");
@@ -210,16 +252,37 @@ TEST_F(HeldFetches, FetchesRunTheirRdmaGetsAtOnceOnOneConnection) {
   fetch_while_held(6, [](corma::Consumer&) -> asio::awaitable<void> { co_return; });
 }
 
-TEST_F(HeldFetches, OneLeaseKeeperCarriesEveryFetchOfTheConnectionPastManyLeaseTimeouts) {
+TEST_F(HeldFetches, OneHeartbeatKeepsEveryLeaseOfTheConnectionPastManyLeaseTimeouts) {
+  start_owner(64 << 20, corma::OwnerConfig{.lease_timeout = std::chrono::milliseconds(120),
+                                           .reap_interval = std::chrono::milliseconds(10)});
+  constexpr int fetches = 6;
+  constexpr std::uint64_t beats = 4;  // about four lease timeouts while the gets are held
+  fetch_while_held(fetches, [&](corma::Consumer& consumer) -> asio::awaitable<void> {
+    co_await poll_until([&] { return consumer.stats().heartbeats >= beats; });
+    EXPECT_GE(consumer.stats().heartbeats, beats);
+    EXPECT_EQ(consumer.stats().renewals, 0U) << "a lease was renewed by a frame of its own";
+    EXPECT_EQ(owner->stats().live_leases, static_cast<std::uint64_t>(fetches));
+  });
+  EXPECT_EQ(owner->stats().leases_expired, 0u) << "a lease lapsed while its fetch's get was held";
+  EXPECT_GE(owner->stats().heartbeats, beats);
+}
+
+TEST_F(HeldFetches, AVersionThreeConsumerRenewsEachLeaseAndKeepsThemAll) {
   start_owner(64 << 20, corma::OwnerConfig{.lease_timeout = std::chrono::milliseconds(120),
                                            .reap_interval = std::chrono::milliseconds(10)});
   constexpr int fetches = 4;
-  constexpr std::uint64_t renewals_each = 4;  // about four lease timeouts while the gets are held
-  fetch_while_held(fetches, [&](corma::Consumer& consumer) -> asio::awaitable<void> {
-    co_await poll_until([&] { return consumer.stats().renewals >= renewals_each * fetches; });
-    EXPECT_GE(consumer.stats().renewals, renewals_each * fetches);
-    EXPECT_EQ(owner->stats().live_leases, static_cast<std::uint64_t>(fetches));
-  });
+  constexpr std::uint64_t renewals_each = 4;
+  corma::ConsumerConfig version3;
+  version3.protocol_version = 3;
+  fetch_while_held(
+      fetches,
+      [&](corma::Consumer& consumer) -> asio::awaitable<void> {
+        co_await poll_until([&] { return consumer.stats().renewals >= renewals_each * fetches; });
+        EXPECT_GE(consumer.stats().renewals, renewals_each * fetches);
+        EXPECT_EQ(consumer.stats().heartbeats, 0U);
+        EXPECT_EQ(owner->stats().live_leases, static_cast<std::uint64_t>(fetches));
+      },
+      version3);
   EXPECT_EQ(owner->stats().leases_expired, 0u) << "a lease lapsed while its fetch's get was held";
 }
 
@@ -288,49 +351,40 @@ asio::awaitable<void> fetch_into(corma::Consumer& consumer, std::optional<corma:
   outcome = co_await consumer.async_fetch("big");
 }
 
-TEST_F(Rendezvous, AFetchCancelledDuringItsRdmaGetStopsWithoutFallbackAndLeavesTheConnectionUsable) {
+TEST_F(Rendezvous, AFetchCancelledDuringItsRdmaGetKeepsItsLeaseUntilTheGetEndsThenStopsWithoutFallback) {
   start_owner();
   consumer_backend->hold_transfers();
   std::optional<corma::Result<corma::Fetched>> cancelled;
   std::optional<corma::Result<corma::Fetched>> next;
-  std::size_t held_when_answered = 0;
-  std::size_t registered_when_answered = 0;
+  bool answered_while_held = true;
+  std::uint64_t leases_while_held = 0;
+  std::size_t cancelled_in_provider = 0;
   asio::cancellation_signal cancel;
   corma::testing::run(io, [&]() -> asio::awaitable<void> {
     auto consumer = (co_await connect(consumer_registry)).value();
     asio::co_spawn(io, fetch_into(*consumer, cancelled), asio::bind_cancellation_slot(cancel.slot(), asio::detached));
-    asio::steady_timer wait(io);
-    while (consumer_backend->transfers_in_flight() == 0) {
-      wait.expires_after(std::chrono::milliseconds(1));
-      co_await wait.async_wait(asio::as_tuple(asio::use_awaitable));
-    }
+    co_await poll_until([&] { return consumer_backend->transfers_in_flight() == 1; });
     cancel.emit(asio::cancellation_type::terminal);
-    while (consumer_backend->transfers_cancelled() == 0) {
-      wait.expires_after(std::chrono::milliseconds(1));
-      co_await wait.async_wait(asio::as_tuple(asio::use_awaitable));
-    }
-    // The fetch is answered once the get is, while the provider still holds
-    // it: its bytes may still land, so its destination stays registered
-    // (and allocated) until the transfer really ends.
-    while (!cancelled) {
-      wait.expires_after(std::chrono::milliseconds(1));
-      co_await wait.async_wait(asio::as_tuple(asio::use_awaitable));
-    }
-    held_when_answered = consumer_backend->transfers_in_flight();
-    registered_when_answered = consumer_backend->live_registrations().value_or(0);
+    // The get goes on under the fetch's lease: a provider cannot stop it,
+    // and the owner's bytes it reads must outlive it. So the fetch is not
+    // answered, and its lease not released, while the get is held.
+    asio::steady_timer held(io, std::chrono::milliseconds(200));
+    co_await held.async_wait(asio::as_tuple(asio::use_awaitable));
+    answered_while_held = cancelled.has_value();
+    leases_while_held = owner->stats().live_leases;
+    cancelled_in_provider = consumer_backend->transfers_cancelled();
     consumer_backend->release_transfers();
-    while (consumer_backend->live_registrations() != 0u) {
-      wait.expires_after(std::chrono::milliseconds(1));
-      co_await wait.async_wait(asio::as_tuple(asio::use_awaitable));
-    }
+    co_await poll_until([&] { return cancelled.has_value(); });
+    co_await poll_until([&] { return owner->stats().live_leases == 0; });
     next = co_await consumer->async_fetch("small");
     EXPECT_EQ(consumer->stats().fallbacks, 0u) << "a cancelled get fell back to the chunked path";
   }());
+  EXPECT_FALSE(answered_while_held) << "the fetch was answered while its get still read under the lease";
+  EXPECT_EQ(leases_while_held, 1u) << "the lease went back while the get still read under it";
+  EXPECT_EQ(cancelled_in_provider, 0u) << "the get was cancelled in the provider, which cannot stop it";
   ASSERT_TRUE(cancelled.has_value());
   ASSERT_FALSE(*cancelled);
   EXPECT_TRUE(cancelled->error().is(errc::cancelled)) << cancelled->error().message();
-  EXPECT_EQ(held_when_answered, 1u) << "the fetch waited for the transfer to end";
-  EXPECT_EQ(registered_when_answered, 1u) << "the destination was unregistered while its get could still write";
   ASSERT_TRUE(next.has_value());
   ASSERT_TRUE(*next) << next->error().message();
   EXPECT_EQ(std::vector<std::byte>(next->value().data.bytes().begin(), next->value().data.bytes().end()), small);

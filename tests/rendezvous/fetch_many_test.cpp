@@ -9,6 +9,7 @@
 #include <boost/asio/post.hpp>
 
 #include <algorithm>
+#include <optional>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -244,7 +245,7 @@ TEST_F(FetchMany, AVersionOneConsumerFetchesTheSetOneObjectAtATime) {
   EXPECT_EQ(owner->stats().live_leases, 0U);
 }
 
-TEST_F(FetchMany, CancelledDuringTheRdmaReadReleasesEveryLeaseAndKeepsTheConnection) {
+TEST_F(FetchMany, CancelledDuringTheRdmaReadKeepsItsLeasesUntilTheReadsEndThenReleasesThem) {
   start_owner_with_objects(corma::OwnerConfig{.max_leases_per_connection = 64, .max_batch_objects = 32});
   auto c = consumer();
   auto [names, slots] = whole_set();
@@ -256,17 +257,29 @@ TEST_F(FetchMany, CancelledDuringTheRdmaReadReleasesEveryLeaseAndKeepsTheConnect
                       }));
   // Cancels once the first batch's reads are in flight (held by the
   // backend): its 32 objects, less every third (small, in chunks).
+  bool cancel_sent = false;
   std::thread watcher([&] {
     if (consumer_backend->wait_for_transfers_in_flight(32 - 11)) {
-      asio::post(io, [&] { cancel.emit(asio::cancellation_type::terminal); });
+      asio::post(io, [&] {
+        cancel.emit(asio::cancellation_type::terminal);
+        cancel_sent = true;
+      });
     }
   });
+  const auto cancel_limit = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!cancel_sent && std::chrono::steady_clock::now() < cancel_limit) io.run_one_for(std::chrono::milliseconds(50));
+  watcher.join();
+  ASSERT_TRUE(cancel_sent) << "the reads never were all in flight";
+  // The reads go on after the cancellation, under their leases: the set is
+  // not answered, and no lease goes back, while the reads are held (the
+  // owner's memory they read must stay; a provider cannot stop a read).
+  const auto held_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+  while (std::chrono::steady_clock::now() < held_until) io.run_one_for(std::chrono::milliseconds(10));
+  EXPECT_FALSE(fetched.has_value()) << "answered while its reads still ran";
+  EXPECT_GE(owner->stats().live_leases, 32U - 11U) << "a lease went back while its read still ran";
+  consumer_backend->release_transfers();
   const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (!fetched && std::chrono::steady_clock::now() < limit) io.run_one_for(std::chrono::milliseconds(50));
-  watcher.join();
-  consumer_backend->release_transfers();
-  // The cancelled reads were answered early; their bytes land now. The
-  // slots are looked at (and reused) only once they have.
   ASSERT_TRUE(consumer_backend->wait_for_transfers_in_flight(0));
   ASSERT_TRUE(fetched.has_value());
   ASSERT_TRUE(*fetched) << fetched->error().message();
@@ -285,6 +298,32 @@ TEST_F(FetchMany, CancelledDuringTheRdmaReadReleasesEveryLeaseAndKeepsTheConnect
   // The connection is in step: the next set is served whole.
   std::fill(landing.begin(), landing.end(), std::byte{0});
   expect_whole_set(fetch_all(*c, names, slots));
+}
+
+TEST_F(FetchMany, TwoSetsAtOnceImportEachKeyOnceAndLeakNone) {
+  start_owner_with_objects();
+  auto c = consumer();
+  auto [names, slots] = whole_set();
+  std::vector<std::byte> second_landing(landing.size());
+  auto second = corma::testing::run(io, consumer_registry->async_register(second_landing, corma::Access::local,
+                                                                          asio::use_awaitable))
+                    .value();
+  std::vector<FetchSlot> second_slots = slots;
+  for (auto& slot : second_slots) slot.region = &second;
+  std::optional<Result<ManyFetched>> first_set;
+  std::optional<Result<ManyFetched>> second_set;
+  corma::testing::run(io, [&]() -> asio::awaitable<void> {
+    // Both sets need the same keys at the same moment.
+    asio::co_spawn(io, [&]() -> asio::awaitable<void> { first_set = co_await c->async_fetch_many(names, slots); },
+                   asio::detached);
+    second_set = co_await c->async_fetch_many(names, second_slots);
+    co_await until([&] { return first_set.has_value(); }, std::chrono::seconds(10));
+  }());
+  ASSERT_TRUE(first_set && *first_set && second_set && *second_set);
+  // One export per large object, so one key each: imported once, however
+  // many fetches wanted it at once.
+  const std::size_t large = objects - (objects + 2) / 3;
+  EXPECT_EQ(consumer_backend->imported_keys(), large) << "a key imported twice at once was left imported";
 }
 
 TEST_F(FetchMany, AnObjectPublishedAgainWhileItsBatchIsReadFailsAloneWithObjectChanged) {

@@ -74,6 +74,8 @@ std::vector<Frame> samples() {
       {31, rv::Push{"kv/block-7", true, 0x1122334455667788, descriptor_bytes()}},
       {32, rv::Push{"x", false, 0, descriptor_bytes()}},
       {33, rv::Pushed{1 << 20}},
+      {34, rv::Heartbeat{}},
+      {35, rv::HeartbeatOk{512, 10000}},
   };
 }
 
@@ -653,10 +655,11 @@ TEST(FrameHostile, ChangedHeaderBytesAreRefusedExactlyWhereTheLayoutSaysSo) {
       ASSERT_TRUE(check.mismatch.empty()) << check.mismatch;
       // Only the request id is free; a changed length makes the frame
       // disagree with its body, a changed type leaves an 8-byte payload that
-      // only a release and a pushed (the same layout) accept.
+      // only a release, a pushed and a heartbeat_ok (the same length) accept.
       const bool free_byte = at >= 8;
       const bool same_layout = at == 4 && (value == static_cast<unsigned>(MessageType::release) ||
-                                           value == static_cast<unsigned>(MessageType::pushed));
+                                           value == static_cast<unsigned>(MessageType::pushed) ||
+                                           value == static_cast<unsigned>(MessageType::heartbeat_ok));
       EXPECT_EQ(check.accepted, free_byte || same_layout) << "byte " << at << " = " << value;
     }
   }

@@ -6,6 +6,11 @@
 // protocol version, with landings for another backend or too small.
 #include "rendezvous/rendezvous_fixture.hpp"
 
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/cancellation_signal.hpp>
+
+#include <optional>
+
 #include <corma/descriptor.hpp>
 
 namespace {
@@ -102,6 +107,55 @@ TEST_F(Push, ANotificationFindsTheBytesInPlace) {
     }
     EXPECT_TRUE(in_place) << "the notification came before the bytes";
   }());
+}
+
+TEST_F(Push, APushFetchCancelledWhileTheOwnerWritesAnswersCancelledOnceTheOwnerHasStopped) {
+  start_owner(64 << 20, pushing());
+  std::vector<std::byte> memory;
+  auto landing = landing_of(memory, big.size());
+  std::optional<corma::Result<corma::FetchOutcome>> outcome;
+  bool answered_while_writing = true;
+  asio::cancellation_signal cancel;
+  corma::testing::run(io, [&]() -> asio::awaitable<void> {
+    auto consumer = (co_await connect(consumer_registry)).value();
+    // A first push sets the push peer up; the second is held in the owner's backend.
+    EXPECT_TRUE(co_await consumer->async_push_fetch("small", landing));
+    owner_backend->hold_transfers();
+    asio::co_spawn(io, [&]() -> asio::awaitable<void> { outcome = co_await consumer->async_push_fetch("big", landing); },
+                   asio::bind_cancellation_slot(cancel.slot(), asio::detached));
+    co_await until([&] { return owner_backend->transfers_in_flight() > 0; }, std::chrono::seconds(5));
+    cancel.emit(asio::cancellation_type::terminal);
+    asio::steady_timer turn(io, std::chrono::milliseconds(50));
+    co_await turn.async_wait(asio::use_awaitable);
+    answered_while_writing = outcome.has_value();
+    owner_backend->release_transfers();
+    co_await until([&] { return outcome.has_value(); }, std::chrono::seconds(5));
+  }());
+  EXPECT_FALSE(answered_while_writing) << "answered while the owner could still write into the landing";
+  ASSERT_TRUE(outcome.has_value());
+  ASSERT_FALSE(*outcome) << "a cancelled push fetch answered success";
+  EXPECT_TRUE(outcome->error().is(errc::cancelled)) << outcome->error().message();
+}
+
+TEST_F(Push, APushFetchCancelledBeforeItAsksSendsNothing) {
+  start_owner(64 << 20, pushing());
+  std::vector<std::byte> memory;
+  auto landing = landing_of(memory, big.size());
+  std::optional<corma::Result<corma::FetchOutcome>> outcome;
+  asio::cancellation_signal cancel;
+  corma::testing::run(io, [&]() -> asio::awaitable<void> {
+    auto consumer = (co_await connect(consumer_registry)).value();
+    // Cancelled while its push peer is set up (the first push of the connection).
+    asio::co_spawn(io, [&]() -> asio::awaitable<void> { outcome = co_await consumer->async_push_fetch("big", landing); },
+                   asio::bind_cancellation_slot(cancel.slot(), asio::detached));
+    cancel.emit(asio::cancellation_type::terminal);
+    co_await until([&] { return outcome.has_value(); }, std::chrono::seconds(5));
+  }());
+  ASSERT_TRUE(outcome.has_value());
+  ASSERT_FALSE(*outcome);
+  EXPECT_TRUE(outcome->error().is(errc::cancelled)) << outcome->error().message();
+  EXPECT_EQ(owner->stats().pushes, 0U) << "the owner was asked to push for a cancelled fetch";
+  EXPECT_TRUE(untouched(memory));
 }
 
 TEST_F(Push, AnOwnerThatTakesNoPushesIsReadFromInsteadExactlyOnce) {

@@ -113,7 +113,7 @@ TEST_F(Rendezvous, FailedGetFallsBackExactlyOnce) {
   EXPECT_EQ(consumer_registry->stats().registered_bytes, 0u) << "the destination registration is gone";
 }
 
-TEST_F(Rendezvous, RenewCarriesASlowTransferPastSeveralDeadlines) {
+TEST_F(Rendezvous, TheHeartbeatCarriesASlowTransferPastSeveralDeadlines) {
   start_owner(64 << 20, corma::OwnerConfig{.lease_timeout = std::chrono::milliseconds(120),
                                            .reap_interval = std::chrono::milliseconds(10)});
   consumer_backend->set_faults(TestBackendFaults{.transfer_delay = std::chrono::milliseconds(600)});
@@ -121,7 +121,7 @@ TEST_F(Rendezvous, RenewCarriesASlowTransferPastSeveralDeadlines) {
     auto consumer = (co_await connect(consumer_registry)).value();
     auto fetched = co_await consumer->async_fetch("big");
     EXPECT_EQ(fetched.value().path, Path::rdma);
-    EXPECT_GE(consumer->stats().renewals, 4u);
+    EXPECT_GE(consumer->stats().heartbeats, 4u);
   }());
   EXPECT_EQ(owner->stats().leases_expired, 0u);
 }

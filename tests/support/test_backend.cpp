@@ -854,6 +854,18 @@ std::size_t TestBackend::transfers_in_flight() const {
   return state_->admitted_transfers();
 }
 
+std::size_t TestBackend::open_peers() const {
+  std::lock_guard lock(state_->mutex);
+  return state_->peers.size();
+}
+
+std::size_t TestBackend::imported_keys() const {
+  std::lock_guard lock(state_->mutex);
+  std::size_t count = 0;
+  for (const auto& [id, peer] : state_->peers) count += peer.imported.size();
+  return count;
+}
+
 std::size_t TestBackend::maps_handed_off() const {
   std::lock_guard lock(state_->mutex);
   return state_->handed_off;

@@ -60,6 +60,10 @@ class TestBackend final : public RdmaBackend {
 
   [[nodiscard]] std::size_t held_maps() const;
   [[nodiscard]] std::size_t transfers_in_flight() const;
+  /// Peers offered, accepted or connected and not closed.
+  [[nodiscard]] std::size_t open_peers() const;
+  /// Remote keys imported (async_import_key) and not released, over every peer.
+  [[nodiscard]] std::size_t imported_keys() const;
   /// Transfers whose caller was released by a cancellation (the transfer
   /// itself runs on), so far.
   [[nodiscard]] std::size_t transfers_cancelled() const;

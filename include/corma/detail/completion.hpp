@@ -15,6 +15,7 @@
 #include <boost/asio/prefer.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/strand.hpp>
+#include <boost/asio/system_executor.hpp>
 
 #include <corma/detail/unique_function.hpp>
 
@@ -188,9 +189,9 @@ class Completion<void(Args...)> {
   /// what coroutines and bound handlers carry); otherwise (a handler with
   /// no executor of its own, or one type-erased beyond reach) through `via`,
   /// a thread-free executor the operation knows (its backend's progress
-  /// executor), from which it is dispatched. With neither, the handler,
-  /// which then runs anywhere by Asio's rules, runs on this thread. No
-  /// thread is ever started for it.
+  /// executor), from which it is dispatched. With neither, a handler with
+  /// no executor of its own goes to Asio's system executor (as Asio's own
+  /// initiating functions without an I/O object send it).
   void post(const asio::any_io_executor& via, Args... args) {
     hand_off<true>(RollbackUnlessDelivered{}, via, std::move(args)...);
   }
@@ -231,6 +232,9 @@ class Completion<void(Args...)> {
         asio::post(via, [work = std::move(work), deliver = std::move(deliver)]() mutable {
           asio::dispatch(work, std::move(deliver));
         });
+      } else if (work.template target<asio::system_executor>() != nullptr) {
+        // No executor of its own: run on any thread, but not on this stack.
+        asio::post(asio::system_executor(), std::move(deliver));
       } else {
         asio::dispatch(work, std::move(deliver));
       }
