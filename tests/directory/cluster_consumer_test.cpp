@@ -12,7 +12,12 @@
 #include <boost/asio/io_context.hpp>
 #include <gtest/gtest.h>
 
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/cancellation_signal.hpp>
+#include <boost/asio/steady_timer.hpp>
+
 #include <algorithm>
+#include <optional>
 #include <map>
 
 #include "support/test_backend.hpp"
@@ -106,6 +111,58 @@ TEST_F(ClusterConsumerTest, ASetIsSpreadOverTheReplicasAndALostOwnersObjectsGoTo
   }
   EXPECT_TRUE(std::equal(landing.begin(), landing.end(), whole.begin()));
   first.reset();
+}
+
+TEST_F(ClusterConsumerTest, ASetCancelledWhileAnOwnerIsSilentAnswersCancelledAndTriesNoOtherOwner) {
+  // An owner that accepts connections and never says a word, ranked first,
+  // and a good one behind it.
+  asio::ip::tcp::acceptor silent(io, {asio::ip::make_address("127.0.0.1"), 0});
+  std::optional<asio::ip::tcp::socket> held;
+  silent.async_accept([&](boost::system::error_code, asio::ip::tcp::socket socket) { held.emplace(std::move(socket)); });
+  corma::Directory silent_directory(io.get_executor(), config());
+  corma::Announcement a;
+  a.names = {"part-0", "part-1"};
+  a.owner = corma::OwnerEntry{"owner-silent", "127.0.0.1", silent.local_endpoint().port(), "host", "none", 3, 0};
+  a.ttl = std::chrono::seconds(5);
+  ASSERT_TRUE(corma::testing::run(io, silent_directory.async_announce(std::move(a))));
+  AnnouncedOwner good(io, config(), "owner-good", 9, bytes);
+  corma::ConsumerConfig consumer_config;
+  consumer_config.io_timeout = std::chrono::milliseconds(1500);
+  corma::ClusterConsumer cluster(io.get_executor(), std::make_shared<corma::Directory>(io.get_executor(), config()),
+                                 nullptr, consumer_config);
+  std::vector<std::byte> landing(2 * AnnouncedOwner::part_size);
+  corma::Registry registry(corma::testing::TestBackend::create(), corma::RegistryConfig{1 << 30, 0});
+  auto region =
+      corma::testing::run(io, registry.async_register(landing, corma::Access::local, asio::use_awaitable)).value();
+  std::optional<corma::Result<corma::ClusterManyFetched>> outcome;
+  asio::cancellation_signal cancel;
+  corma::testing::run(io, [&]() -> asio::awaitable<void> {
+    std::vector<std::string> names{"part-0", "part-1"};
+    std::vector<corma::FetchSlot> slots{{&region, 0, AnnouncedOwner::part_size},
+                                        {&region, AnnouncedOwner::part_size, AnnouncedOwner::part_size}};
+    cluster.async_fetch_many(std::move(names), std::move(slots),
+                             asio::bind_cancellation_slot(cancel.slot(), [&](corma::Result<corma::ClusterManyFetched> r) {
+                               outcome.emplace(std::move(r));
+                             }));
+    asio::steady_timer tick(io);
+    while (!held) {
+      tick.expires_after(std::chrono::milliseconds(1));
+      co_await tick.async_wait(asio::use_awaitable);
+    }
+    cancel.emit(asio::cancellation_type::terminal);
+    while (!outcome) {
+      tick.expires_after(std::chrono::milliseconds(1));
+      co_await tick.async_wait(asio::use_awaitable);
+    }
+  }());
+  ASSERT_TRUE(outcome.has_value());
+  ASSERT_TRUE(*outcome) << outcome->error().message();
+  for (const auto& one : outcome->value().outcomes) {
+    ASSERT_FALSE(one) << "fetched after the set was cancelled";
+    EXPECT_TRUE(one.error().is(errc::cancelled)) << one.error().message();
+  }
+  EXPECT_EQ(cluster.pooled(), 0U) << "the next owner was tried after the cancellation";
+  (void)corma::testing::run(io, silent_directory.async_withdraw(asio::use_awaitable));
 }
 
 TEST_F(ClusterConsumerTest, AnUnannouncedNameIsNotFound) {
