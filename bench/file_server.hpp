@@ -42,10 +42,11 @@ struct FileServer {
   std::thread thread;
 
   FileServer(const std::filesystem::path& root, std::shared_ptr<Registry> registry,
-             const std::string& address = "127.0.0.1")
+             const std::string& address = "127.0.0.1",
+             std::uint64_t snapshot_limit = cli::FileResolver::default_snapshot_limit)
       : owner(io.get_executor(), std::move(registry), OwnerConfig{}),
         acceptor(io, {boost::asio::ip::make_address(address), 0}) {
-    const auto files = must(cli::FileResolver::create(root), "file resolver");
+    const auto files = must(cli::FileResolver::create(root, snapshot_limit), "file resolver");
     owner.set_resolver(
         [files, readers = file_readers.get_executor()](std::string name, ResolveHandler done) {
           files.resolve(std::move(name), readers, std::move(done));

@@ -55,8 +55,9 @@ Measurement small_fetch_while_cold(const Options& options) {
     ::close(fd);
   }
   for (int r = 0; r < std::max(1, options.rounds / 3); ++r) {
-    // A fresh owner each round: nothing of the large file is kept.
-    FileServer server(dir.root, nullptr);
+    // A fresh owner each round: nothing of the large file is kept. Its
+    // snapshots may hold both files (as `corma serve --snapshot-limit 2G`).
+    FileServer server(dir.root, nullptr, "127.0.0.1", 2 * cold_size);
     FileGetter small_getter(server, nullptr);
     FileGetter large_getter(server, nullptr);
     auto alone = small_fetches(small_getter, 200, nullptr);
