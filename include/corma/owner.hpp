@@ -159,6 +159,13 @@ class Owner {
   ~Owner();
 
   void publish(std::string name, PublishedObject object);
+  /// Withdraws `name`: later acquires of it go to the resolver, if one is
+  /// set, or are answered not found, and nothing of it stays registered or
+  /// remembered once its leases end. Leases granted on it keep reading
+  /// the bytes they were lent (their `keepalive` holds them); their
+  /// release answers `object_changed`, as after a new publication. False
+  /// when `name` was not published.
+  bool unpublish(std::string_view name);
   /// Names not published are looked up by `resolver` (replacing any
   /// resolver set before, of either kind).
   void set_resolver(ObjectResolver resolver, ResolverRefresh refresh = {});

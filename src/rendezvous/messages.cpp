@@ -472,7 +472,9 @@ Result<Push> get_push(Reader& in) {
   CORMA_TRY(m.name, get_name(in, "push"));
   CORMA_TRY(m.notify, get_flag(in, "push notify"));
   CORMA_TRY(m.tag, in.u64("push tag"));
-  CORMA_TRY(m.landing, get_descriptor(in, "push landing"));
+  // Only framed here: the owner checks the descriptor itself and answers a
+  // malformed one with `protocol`, keeping the connection (docs/protocol.md).
+  CORMA_TRY(m.landing, get_blob(in, "push landing descriptor", max_peer_blob_size));
   return m;
 }
 

@@ -31,8 +31,17 @@ Owner::~Owner() { stop(); }
 void Owner::publish(std::string name, PublishedObject object) {
   // New bytes under an old name: the old export must not be handed out again.
   state_->forget_export(name);
-  ++state_->publications[name];
+  state_->publications[name] = ++state_->last_publication;
   state_->published[std::move(name)] = std::move(object);
+}
+
+bool Owner::unpublish(std::string_view name) {
+  auto it = state_->published.find(name);
+  if (it == state_->published.end()) return false;
+  state_->forget_export(it->first);
+  state_->publications.erase(state_->publications.find(name));
+  state_->published.erase(it);
+  return true;
 }
 
 void Owner::set_resolver(ObjectResolver resolver, ResolverRefresh refresh) {

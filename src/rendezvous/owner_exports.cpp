@@ -76,6 +76,10 @@ asio::awaitable<Result<std::shared_ptr<Export>>> Owner::State::register_export(c
   CORMA_CO_TRY(auto descriptor, describe(guard.value().remote()));
   auto exported = std::make_shared<Export>(std::move(guard).value(), std::move(descriptor), object.keepalive);
   if (publication_of(name) == publication) {
+    if (exports.size() >= 2 * std::max<std::size_t>(exports_after_sweep, 64)) {
+      std::erase_if(exports, [](const auto& entry) { return entry.second.expired(); });
+      exports_after_sweep = exports.size();
+    }
     exports[name] = exported;
   } else if (kept) {
     // Published again while this registered: the lease that asked reads

@@ -91,10 +91,21 @@ asio::awaitable<Message> Owner::State::push_connect(std::uint64_t session, PushC
 }
 
 asio::awaitable<Message> Owner::State::push(std::uint64_t session, Push request) {
+  // The request's own bytes first: a malformed landing is refused the same
+  // way whatever state the connection is in.
+  auto landing = decode_descriptor(request.landing);
+  if (!landing) {
+    ++stats.refused_requests;
+    co_return error_reply(landing.error());
+  }
   auto it = push_peers.find(session);
   if (it == push_peers.end() || it->second.stage != PushPeer::Stage::ready) {
     ++stats.refused_requests;
     co_return refusal(errc::not_configured, "no push peer on this connection: push_open and push_connect first");
+  }
+  if (landing.value().backend != registry->backend()->wire_id()) {
+    ++stats.refused_requests;
+    co_return refusal(errc::invalid_key, "the landing names another backend");
   }
   const auto peer = it->second.peer;
   if (auto valid = check_object_name(request.name); !valid) {
@@ -108,12 +119,6 @@ asio::awaitable<Message> Owner::State::push(std::uint64_t session, Push request)
   }
   const AcquireUnderWay under_way(*this, session);
   if (draining) co_return refusal(errc::shutting_down, "the owner is draining");
-  auto landing = decode_descriptor(request.landing);
-  if (!landing || landing.value().backend != registry->backend()->wire_id()) {
-    ++stats.refused_requests;
-    co_return landing ? refusal(errc::invalid_key, "the landing names another backend")
-                      : error_reply(landing.error());
-  }
   auto object = find(request.name);
   if (!object) {
     if (!object.error().is(errc::region_not_found)) co_return error_reply(object.error());

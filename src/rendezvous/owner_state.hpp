@@ -119,9 +119,12 @@ struct Owner::State : std::enable_shared_from_this<State> {
   OwnerConfig config;
 
   std::map<std::string, PublishedObject, std::less<>> published;
-  /// How many times each name was published: a lease remembers the count
+  /// Each published name's publication, a number never given twice (not a
+  /// per-name count: a name unpublished and published again must not come
+  /// back with a number an old lease remembers). A lease remembers the one
   /// it read, so its release can tell whether the object changed meanwhile.
   std::map<std::string, std::uint64_t, std::less<>> publications;
+  std::uint64_t last_publication = 0;
   ObjectResolver resolver;
   /// Set instead of `resolver`: names are looked up off the event loop.
   AsyncObjectResolver async_resolver;
@@ -140,6 +143,11 @@ struct Owner::State : std::enable_shared_from_this<State> {
   /// published object stays registered in the registry's cache
   /// (config.cache_exports, Caching::keep), which also evicts it for room.
   std::map<std::string, std::weak_ptr<Export>, std::less<>> exports;
+  /// How many entries `exports` had after its last sweep of expired ones:
+  /// it is swept again when it has doubled, so a server of many names
+  /// (corma serve) keeps entries for the exports alive, not for every name
+  /// it ever lent.
+  std::size_t exports_after_sweep = 0;
   /// Cached exports the registry let go for room (it may do so on any thread).
   std::shared_ptr<std::atomic<std::uint64_t>> exports_evicted = std::make_shared<std::atomic<std::uint64_t>>(0);
   /// Registrations of objects under way, by name: an acquire of an object

@@ -4,7 +4,8 @@
 // to another size, and published by rename. Over the chunked path, RDMA
 // (whole and in windows) and acquire_many, every fetch that succeeds holds
 // exactly one version of its file, and every one that fails says
-// object_changed.
+// object_changed. One file's writer is started anew at every round, while
+// the fetches of the round before may still be reading it.
 #include "cli/flood.hpp"
 #include "support/run.hpp"
 
@@ -50,6 +51,17 @@ class RewriteStorm : public TwoProcesses {
     TwoProcesses::TearDown();
   }
 
+  /// Writes `bytes` over the file in 64 KiB pieces, all through one open.
+  static void write_in_pieces(const fs::path& path, const std::vector<char>& bytes) {
+    const int fd = ::open(path.c_str(), O_WRONLY);
+    if (fd < 0) return;
+    constexpr std::size_t piece = 64 * 1024;
+    for (std::size_t at = 0; at < bytes.size(); at += piece) {
+      (void)!::pwrite(fd, bytes.data() + at, std::min(piece, bytes.size() - at), static_cast<off_t>(at));
+    }
+    ::close(fd);
+  }
+
   void write_in_place(const fs::path& path, const std::vector<char>& bytes, int extra_flags) {
     const int fd = ::open(path.c_str(), O_WRONLY | extra_flags);
     if (fd < 0) return;
@@ -92,7 +104,7 @@ TEST_F(RewriteStorm, EveryFetchIsOneWholeVersionOrObjectChangedWhateverTheWriter
   const std::vector<char> a = random_bytes(4 * MiB, 1), b = random_bytes(4 * MiB, 2);
   const std::vector<StormFile> files = {
       {"reopened.bin", {a, b}}, {"held-open.bin", {a, b}}, {"mapped.bin", {a, b}},
-      {"truncated.bin", {random_bytes(3 * MiB, 3), b}}, {"renamed.bin", {a, b}}};
+      {"truncated.bin", {random_bytes(3 * MiB, 3), b}}, {"renamed.bin", {a, b}}, {"restarted.bin", {a, b}}};
   for (const auto& file : files) write_file(root / file.name, file.versions[0]);
 
   // RDMA whole from one server, in 1 MiB windows from the other.
@@ -119,6 +131,21 @@ TEST_F(RewriteStorm, EveryFetchIsOneWholeVersionOrObjectChangedWhateverTheWriter
     fs::rename(root / "renamed.tmp", root / files[4].name);
   });
 
+  // The writer of restarted.bin stops after a whole version and starts again
+  // at each round: its first open comes while fetches of the file run.
+  std::atomic<bool> restart_stop{false};
+  std::thread restarted_writer;
+  const auto restart_writer = [&] {
+    restart_stop = true;
+    if (restarted_writer.joinable()) restarted_writer.join();
+    restart_stop = false;
+    restarted_writer = std::thread([&, file = &files[5]] {
+      for (std::size_t turn = 1; !restart_stop && !stop; ++turn) {
+        write_in_pieces(root / file->name, file->versions[turn % file->versions.size()]);
+      }
+    });
+  };
+
   corma::ucx::Config shm;
   shm.transport = corma::ucx::Transport::shared_memory;
   shm.error_handling = corma::ucx::ErrorHandling::none;
@@ -144,6 +171,9 @@ TEST_F(RewriteStorm, EveryFetchIsOneWholeVersionOrObjectChangedWhateverTheWriter
         const std::pair<const char*, corma::Consumer*> paths[] = {
             {"chunked", chunked.get()}, {"rdma", rdma.get()}, {"windows", windows.get()}};
         for (int round = 0; round < 12; ++round) {
+          // The fetches of the round before may have left reads of
+          // restarted.bin under way in the owner: the writer starts anyway.
+          restart_writer();
           for (const auto& [path, consumer] : paths) {
             for (const auto& file : files) {
               auto fetched = co_await consumer->async_fetch(file.name);
@@ -171,6 +201,7 @@ TEST_F(RewriteStorm, EveryFetchIsOneWholeVersionOrObjectChangedWhateverTheWriter
       }(),
       std::chrono::seconds(90));
   stop = true;
+  if (restarted_writer.joinable()) restarted_writer.join();
   ::close(held);
 
   int fetches = 0, whole_versions = 0;

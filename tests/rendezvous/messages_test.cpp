@@ -666,7 +666,9 @@ TEST(FrameHostile, ChangedHeaderBytesAreRefusedExactlyWhereTheLayoutSaysSo) {
 }
 
 TEST(FrameHostile, PushFramesRefuseWhatTheirLayoutForbids) {
-  // An empty peer blob, a notify flag other than 0 or 1, and a push with no landing.
+  // An empty peer blob, a notify flag other than 0 or 1, and a landing
+  // longer than the frame carries. A landing the frame does carry is the
+  // owner's to check (it answers `protocol` and keeps the connection).
   auto empty_offer = body_of({1, rv::PushOffer{blob(4)}});
   put_le(empty_offer, payload_at, 0, 4);
   empty_offer.resize(payload_at + 4);
@@ -679,7 +681,12 @@ TEST(FrameHostile, PushFramesRefuseWhatTheirLayoutForbids) {
   auto no_landing = body_of({3, rv::Push{"x", false, 0, descriptor_bytes()}});
   no_landing.resize(payload_at + 2 + 1 + 1 + 8);
   no_landing.insert(no_landing.end(), 4, std::byte{0});
-  EXPECT_TRUE(refused(no_landing));
+  auto framed = rv::decode_frame_body(no_landing);
+  ASSERT_TRUE(framed) << framed.error().message();
+  EXPECT_TRUE(std::get<rv::Push>(framed.value().message).landing.empty());
+  auto overlong = no_landing;
+  overlong[overlong.size() - 4] = std::byte{9};  // says 9 bytes, carries none
+  EXPECT_TRUE(refused(overlong));
 }
 
 }  // namespace

@@ -79,6 +79,58 @@ TEST_F(ProtocolEdges, BatchCountsOfZeroOrBeyondTheNamesPresentAreMalformedAndEnd
   }());
 }
 
+TEST_F(ProtocolEdges, APushLandingDescriptorOfNoBytesOrPastAnyKeyIsAnsweredProtocolAndTheConnectionKept) {
+  start_owner();
+  corma::testing::run(io, [&]() -> asio::awaitable<void> {
+    auto client = co_await greeted(3);
+    for (const std::size_t landing_size : {std::size_t{0}, std::size_t{5000}}) {
+      // name "small", notify 0, tag 0, then the landing: its length and that many bytes.
+      std::vector<std::byte> payload{std::byte{5}, std::byte{0}};
+      for (char c : std::string("small")) payload.push_back(static_cast<std::byte>(c));
+      payload.insert(payload.end(), 1 + 8, std::byte{0});
+      for (int i = 0; i < 4; ++i) payload.push_back(static_cast<std::byte>((landing_size >> (8 * i)) & 0xffU));
+      payload.insert(payload.end(), landing_size, std::byte{0x5a});
+      const auto bytes = raw_frame(rv::MessageType::push, 7, payload);
+      co_await asio::async_write(client.connection->socket(), asio::buffer(bytes), asio::use_awaitable);
+      auto answer = co_await client.connection->read(std::chrono::seconds(5));
+      EXPECT_TRUE(answer) << "landing of " << landing_size << " bytes: " << answer.error().message();
+      if (!answer) co_return;
+      auto* error = std::get_if<rv::ErrorReply>(&answer.value().message);
+      EXPECT_TRUE(error != nullptr && error->code == static_cast<std::uint16_t>(errc::protocol))
+          << "landing of " << landing_size << " bytes was not answered protocol";
+      EXPECT_TRUE(co_await still_served(client));
+    }
+  }());
+}
+
+TEST_F(ProtocolEdges, AnUnpublishedNameIsNotFoundAndALeaseOnItSaysChangedEvenWhenTheNameComesBack) {
+  start_owner();
+  const auto other = pattern(700, 9);
+  corma::testing::run(io, [&]() -> asio::awaitable<void> {
+    auto client = co_await greeted();
+    auto acquire = message(rv::Acquire{"small", false});
+    const auto lease = lease_of(co_await client.ask(std::move(acquire)));
+    EXPECT_NE(lease, 0u);
+    EXPECT_TRUE(owner->unpublish("small"));
+    EXPECT_FALSE(owner->unpublish("small")) << "a name unpublished twice";
+    auto again = message(rv::Acquire{"small", false});
+    auto answer = co_await client.ask(std::move(again));
+    EXPECT_TRUE(answer && std::holds_alternative<rv::NotFound>(answer.value())) << "an unpublished name was lent";
+    // Published again: the old lease read the first publication, not this one.
+    owner->publish("small", corma::PublishedObject{other, nullptr});
+    auto release = message(rv::Release{lease});
+    auto released = co_await client.ask(std::move(release));
+    auto* error = released ? std::get_if<rv::ErrorReply>(&released.value()) : nullptr;
+    EXPECT_TRUE(error != nullptr && error->code == static_cast<std::uint16_t>(errc::object_changed))
+        << "a lease on an unpublished object was released as unchanged";
+    auto fresh = message(rv::Acquire{"small", false});
+    auto lent = co_await client.ask(std::move(fresh));
+    auto* chunked = lent ? std::get_if<rv::Chunked>(&lent.value()) : nullptr;
+    EXPECT_TRUE(chunked != nullptr && chunked->size == other.size());
+  }());
+  EXPECT_FALSE(owner->unpublish("never published"));
+}
+
 TEST_F(ProtocolEdges, TheSameLeaseTwiceInOneReleaseManyIsReleasedThenNamedNotHeld) {
   start_owner();
   corma::testing::run(io, [&]() -> asio::awaitable<void> {
