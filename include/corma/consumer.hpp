@@ -27,7 +27,12 @@
 namespace corma {
 
 struct ConsumerConfig {
-  /// Deadline for every request to the owner.
+  /// How long the owner may stay silent while a request waits for its
+  /// answer (and how long a frame's write may take); past it the connection
+  /// is given up with `timeout`. Half way through a silence a heartbeat
+  /// (version 4) asks whether the owner lives, so an answer that is merely
+  /// slow (an acquire behind a large registration) is waited for while the
+  /// owner answers anything; cancel the operation to bound it.
   std::chrono::milliseconds io_timeout{10000};
   /// Offer RDMA to the owner when a registry (and so a backend) is given.
   bool use_rdma = true;
@@ -47,6 +52,10 @@ struct ConsumerConfig {
   /// of its own (version 3), async_push_fetch reads instead (version 2) and
   /// async_fetch_many fetches one object at a time (version 1).
   std::uint16_t protocol_version = 4;
+  /// Remote keys async_fetch_many keeps imported for the owner's exports
+  /// (each imported once, then reused by every set that reads that export);
+  /// past it the keys no read is using are let go. At least 1.
+  std::size_t max_imported_keys = 4096;
   /// Called on the consumer's executor as bytes arrive (after each chunk,
   /// and once when an RDMA transfer completes).
   std::function<void(std::uint64_t done, std::uint64_t total)> on_progress;
@@ -180,8 +189,8 @@ class Consumer {
   /// which is answered `peer_unreachable` as soon as it is noticed; the lease
   /// is released in every outcome that leaves an owner to release it to. A
   /// cancelled fetch answers `cancelled` at its next safe point: at once
-  /// while it waits for a place, once the answer it waits for is in (within
-  /// the io timeout), between pulls, between windows, or once an RDMA get
+  /// while it waits for a place, once the answer it waits for is in (or the
+  /// owner fell silent for the io timeout), between pulls, between windows, or once an RDMA get
   /// under way has ended (never before: the get reads under the fetch's
   /// lease). The connection stays usable for every other fetch
   /// (docs/protocol.md, "Cancelling a fetch").
@@ -238,7 +247,8 @@ class Consumer {
   /// between. Each object has its own outcome: not found, refused, too
   /// large for its slot or changed while read fail alone. When the
   /// connection or the owner is lost, or the operation is cancelled, the
-  /// objects not yet fetched answer that error. Slots must not overlap and
+  /// objects not yet fetched answer that error, those of a batch whose
+  /// RDMA read was under way too (once it ended, as for async_fetch). Slots must not overlap and
   /// their regions must outlive the operation. Completes with
   /// Result<ManyFetched>.
   template <class Token = DefaultToken>
@@ -273,6 +283,10 @@ class Consumer {
   [[nodiscard]] std::uint16_t protocol_version() const noexcept;
   /// Whether the owner accepted this consumer's RDMA offer.
   [[nodiscard]] bool rdma_ready() const noexcept;
+  /// Whether the connection to the owner is still open: false once it was
+  /// lost (the owner closed it, say for idleness, or died) or closed, after
+  /// which every fetch fails with `peer_unreachable`; connect again.
+  [[nodiscard]] bool is_connected() const noexcept;
   [[nodiscard]] ConsumerStats stats() const;
 
   struct State;

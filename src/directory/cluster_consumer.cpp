@@ -38,8 +38,12 @@ struct ClusterConsumer::State {
   ConsumerConfig config;
   std::map<std::string, std::shared_ptr<Consumer>> pool;
 
-  /// The pooled connection to `owner`, made now if there is none.
+  /// The pooled connection to `owner`, made now if there is none. A pooled
+  /// connection that ended since (an owner closes idle ones, or died) is
+  /// replaced, and every other ended one goes: the pool holds live
+  /// connections only, however many owners came and went.
   asio::awaitable<Result<std::shared_ptr<Consumer>>> connected(const OwnerEntry& owner) {
+    std::erase_if(pool, [](const auto& pooled) { return !pooled.second->is_connected(); });
     if (auto it = pool.find(owner.id); it != pool.end()) co_return it->second;
     boost::system::error_code ec;
     const auto address = asio::ip::make_address(owner.host, ec);

@@ -174,6 +174,7 @@ asio::any_io_executor Consumer::executor() const { return state_->executor; }
 
 std::uint16_t Consumer::protocol_version() const noexcept { return state_->version; }
 bool Consumer::rdma_ready() const noexcept { return state_->peer.has_value(); }
+bool Consumer::is_connected() const noexcept { return state_->link && state_->link->is_open(); }
 ConsumerStats Consumer::stats() const {
   auto stats = state_->stats;
   stats.renewals = state_->leases->renewals();

@@ -108,6 +108,8 @@ asio::awaitable<void> ConsumerLink::read_loop([[maybe_unused]] std::shared_ptr<C
       end(std::move(frame).error(), true);
       break;
     }
+    last_frame_at_ = asio::steady_timer::clock_type::now();
+    probe_on_the_wire_ = false;  // whatever came, the owner is alive
     // A payload read into a recycled buffer is the answer's bytes.
     if (auto* data = std::get_if<Data>(&frame.value().message); data != nullptr && data->landed != 0 && !filled.empty()) {
       data->bytes = std::move(filled);
@@ -135,14 +137,40 @@ asio::awaitable<Result<Message>> ConsumerLink::answer(std::uint64_t id) {
   auto found = waiting_.find(id);
   if (found == waiting_.end()) co_return fail(errc::protocol, "request " + std::to_string(id) + " is not waiting");
   const auto waiter = found->second;
-  if (!waiter->answer) {
-    waiter->wake.expires_after(io_timeout_);
-    (void)co_await waiter->wake.async_wait(
-        asio::bind_cancellation_slot(asio::cancellation_slot(), asio::as_tuple(asio::use_awaitable)));
-    if (!waiter->answer) end(Error{errc::timeout, "the owner did not answer within the io timeout"}, true);
+  // Given up only once the owner has been silent for io_timeout: not
+  // counting the time before this request was made, and never while the
+  // owner answers anything (this answer may just be slow). Half way through
+  // a silence, the probe asks whether it still lives.
+  const auto asked_at = asio::steady_timer::clock_type::now();
+  std::optional<asio::steady_timer::time_point> probed_silence;  // the silence a probe was sent in
+  while (!waiter->answer) {
+    const auto silent_since = std::max(asked_at, last_frame_at_);
+    const bool probed = probed_silence == silent_since;
+    const auto wait = probe_ && !probed ? io_timeout_ / 2 : io_timeout_;
+    if (asio::steady_timer::clock_type::now() < silent_since + wait) {
+      waiter->wake.expires_at(silent_since + wait);
+      (void)co_await waiter->wake.async_wait(
+          asio::bind_cancellation_slot(asio::cancellation_slot(), asio::as_tuple(asio::use_awaitable)));
+      continue;  // woken by the answer, the end, or the deadline: look again
+    }
+    if (!probed && probe_owner()) {
+      probed_silence = silent_since;
+      continue;
+    }
+    end(Error{errc::timeout, probed ? "the owner answered neither a request nor a heartbeat within the io timeout"
+                                    : "the owner did not answer within the io timeout"},
+        true);
   }
   waiting_.erase(id);
   co_return std::move(*waiter->answer);
+}
+
+bool ConsumerLink::probe_owner() {
+  if (!probe_ || ended_) return false;
+  if (probe_on_the_wire_) return true;  // its answer counts for every waiter
+  probe_on_the_wire_ = true;
+  forget(send(*probe_));
+  return true;
 }
 
 asio::awaitable<Result<Message>> ConsumerLink::ask(Message message) {

@@ -51,10 +51,17 @@ class ConsumerLink : public std::enable_shared_from_this<ConsumerLink> {
   /// forget(id), until landings_settled() returns.
   std::uint64_t send(Message message, std::span<std::byte> landing = {}, std::uint64_t landing_offset = 0);
   /// The answer to request `id` (an owner's `error` as that error). Waits
-  /// deaf to cancellation: answers come within io_timeout or the connection
-  /// is given up (`timeout`), so a caller is never stuck, and a request is
-  /// never half done. Each id is answered once.
+  /// deaf to cancellation, so a request is never half done, and as long as
+  /// the owner is alive: a slow answer (an acquire behind a large
+  /// registration) is waited for while the owner sends anything, or answers
+  /// the liveness probe (set_probe) sent half way through a silence; once
+  /// the owner has been silent for io_timeout since the request was made,
+  /// the connection is given up (`timeout`), so a caller is never stuck.
+  /// Each id is answered once.
   asio::awaitable<Result<Message>> answer(std::uint64_t id);
+  /// What to send to learn whether a silent owner is alive (a heartbeat on
+  /// a version 4 session); its answer is dropped, only its coming counts.
+  void set_probe(Message probe) { probe_ = std::move(probe); }
   /// send() then answer().
   asio::awaitable<Result<Message>> ask(Message message);
   /// Nobody will call answer(id): its answer is dropped when it comes.
@@ -93,6 +100,8 @@ class ConsumerLink : public std::enable_shared_from_this<ConsumerLink> {
   asio::awaitable<void> read_loop(std::shared_ptr<ConsumerLink> self);  // `self` keeps it alive
   asio::awaitable<void> write_loop(std::shared_ptr<ConsumerLink> self);
   void enqueue(std::uint64_t id, Message message);
+  /// Sends the probe unless one is on the wire already; false without one.
+  bool probe_owner();
   /// The connection ended: every waiter is answered `why`.
   void end(Error why, bool lost);
 
@@ -107,6 +116,10 @@ class ConsumerLink : public std::enable_shared_from_this<ConsumerLink> {
   std::optional<Error> ended_why_;  ///< what requests made after the end are answered
   std::optional<Error> lost_;
   std::function<void(const Error&)> on_lost_;
+  /// When the last frame came: a waiter that sees it move knows the owner is alive.
+  asio::steady_timer::time_point last_frame_at_{};
+  std::optional<Message> probe_;
+  bool probe_on_the_wire_ = false;
   /// The answer being read into a waiter's landing now (land()), and the
   /// wake-up of landings_settled() (cancelled when that read ends).
   bool landing_now_ = false;

@@ -330,21 +330,27 @@ asio::awaitable<Result<void>> Consumer::State::rdma_get(RegionGuard guard,
   co_return got;
 }
 
-asio::awaitable<Result<RemoteKeyId>> Consumer::State::key_for(const PackedKey& packed) {
-  if (auto found = imported_keys.find(packed); found != imported_keys.end()) co_return found->second;
+asio::awaitable<Result<Consumer::State::KeyInUse>> Consumer::State::key_for(const PackedKey& packed) {
+  if (auto found = imported_keys.find(packed); found != imported_keys.end()) {
+    co_return KeyInUse{found->second.key, found->second.users};
+  }
   if (!peer) co_return fail(errc::peer_unreachable, "no RDMA peer for this owner");
   const auto backend = registry->backend();
-  if (imported_keys.size() >= max_imported_keys) {
-    // Bounded: the keys of exports long gone would otherwise pile up.
-    for (const auto& [bytes, key] : imported_keys) backend->async_release_key(key, [](Result<void>) {});
-    imported_keys.clear();
+  if (imported_keys.size() >= std::max<std::size_t>(config.max_imported_keys, 1)) {
+    // Bounded: the keys of exports long gone would otherwise pile up. A key
+    // a read is using (a set being read, or about to be) stays.
+    std::erase_if(imported_keys, [&backend](const auto& entry) {
+      if (entry.second.in_use()) return false;
+      backend->async_release_key(entry.second.key, [](Result<void>) {});
+      return true;
+    });
   }
   CORMA_CO_TRY(auto key, co_await backend->async_import_key(*peer, packed, asio::use_awaitable));
   // Another fetch may have imported the same key meanwhile: one is kept,
   // the other let go, so that none is left imported with nobody to release it.
-  auto [kept, inserted] = imported_keys.emplace(packed, key);
+  auto [kept, inserted] = imported_keys.emplace(packed, ImportedKey{key});
   if (!inserted) backend->async_release_key(key, [](Result<void>) {});
-  co_return kept->second;
+  co_return KeyInUse{kept->second.key, kept->second.users};
 }
 
 // ---- fetches ----------------------------------------------------------------------------
@@ -517,7 +523,10 @@ asio::awaitable<Result<void>> Consumer::State::hello() {
   }
   version = ok->version;
   max_batch = std::max<std::uint16_t>(ok->max_batch, 1);
-  if (version >= heartbeat_protocol_version) leases->use_heartbeat();
+  if (version >= heartbeat_protocol_version) {
+    leases->use_heartbeat();
+    link->set_probe(Heartbeat{});
+  }
   if (pending && ok->backend == offered && !ok->peer_answer.empty()) {
     auto completed = co_await registry->backend()->async_peer_complete(*pending, std::move(ok->peer_answer),
                                                                       asio::use_awaitable);

@@ -30,8 +30,6 @@ namespace rendezvous {
 
 /// Pull size on the fallback path, where the owner named no chunk size.
 inline constexpr std::uint32_t fallback_chunk = 256 * 1024;
-/// Keys a consumer keeps imported for its owner; past it they are all let go.
-inline constexpr std::size_t max_imported_keys = 4096;
 
 [[nodiscard]] Error fetch_cancelled(std::string_view when);
 /// What the owner's answer to a release (the error code it named, 0 for
@@ -66,9 +64,16 @@ struct Consumer::State {
   /// (version 2 on).
   std::uint16_t version = 0;
   std::uint16_t max_batch = 1;
+  /// A remote key imported for `peer`, and what says it is in use: every
+  /// read that names it holds a copy of `users` until its transfer ended.
+  struct ImportedKey {
+    RemoteKeyId key;
+    std::shared_ptr<const void> users = std::make_shared<char>();
+    [[nodiscard]] bool in_use() const noexcept { return users.use_count() > 1; }
+  };
   /// Remote keys imported for `peer`, by their packed bytes: a key packed the
   /// same way names the same memory, so it is imported once.
-  std::map<PackedKey, RemoteKeyId> imported_keys;
+  std::map<PackedKey, ImportedKey> imported_keys;
   /// The RDMA transfers running now: when the owner is lost each is
   /// cancelled (terminal), so that none waits for a dead peer.
   std::set<boost::asio::cancellation_signal*> transfers;
@@ -160,8 +165,13 @@ struct Consumer::State {
   /// deregistered after; a failed read's memory is handed to `keep_until`.
   Awaitable<Result<void>> rdma_get(RegionGuard guard, const std::function<void(DeregisteredEvent)>& keep_until,
                                    const ReadInto& read);
-  /// The key imported for `packed` (once per packed key and peer).
-  Awaitable<Result<RemoteKeyId>> key_for(const PackedKey& packed);
+  /// The key imported for `packed` (once per packed key and peer), held in
+  /// use, and so never let go, while the caller keeps `hold`.
+  struct KeyInUse {
+    RemoteKeyId key;
+    std::shared_ptr<const void> hold;
+  };
+  Awaitable<Result<KeyInUse>> key_for(const PackedKey& packed);
 
   // ---- fetches ------------------------------------------------------------------------
 

@@ -238,6 +238,8 @@ class ManyFetch {
   asio::awaitable<void> read_rdma(Batch& batch) {
     std::vector<BatchedGet> gets;
     std::vector<Leased*> reading;
+    // The keys the gets name stay imported until the batch has ended.
+    std::vector<std::shared_ptr<const void>> keys_in_use;
     for (auto& object : batch.leased) {
       if (object.failed) continue;
       if (ended_) {
@@ -245,7 +247,7 @@ class ManyFetch {
         continue;
       }
       if (object.rdma == nullptr) continue;
-      auto get = co_await batched_get(object);
+      auto get = co_await batched_get(object, keys_in_use);
       if (!get) {
         object.needs_chunks = true;
         object.outcome.reason = ChunkedReason::rdma_failed;
@@ -267,10 +269,14 @@ class ManyFetch {
               })));
     };
     auto stopped = co_await s_.run_transfer(start);
-    if (stopped) ended_ = std::move(stopped);
-    // Which reads failed: all of them when the batch itself did.
+    // Which reads failed: all of them when the batch itself did, and when
+    // the set was cancelled or the owner lost while they ran (the rule of a
+    // single fetch: what was read then is not answered as fetched).
     std::vector<std::optional<Error>> failed(reading.size());
-    if (!*got) {
+    if (stopped) {
+      std::fill(failed.begin(), failed.end(), *stopped);
+      ended_ = std::move(stopped);
+    } else if (!*got) {
       std::fill(failed.begin(), failed.end(), got->error());
     } else {
       for (auto& failure : got->value().failures) failed[failure.index] = std::move(failure.error);
@@ -315,15 +321,17 @@ class ManyFetch {
 
   /// The seam batch element reading `object` into its slot, with the key
   /// imported for its export.
-  asio::awaitable<Result<BatchedGet>> batched_get(const Leased& object) {
+  asio::awaitable<Result<BatchedGet>> batched_get(const Leased& object,
+                                                  std::vector<std::shared_ptr<const void>>& keys_in_use) {
     CORMA_CO_TRY(auto remote, decode_descriptor(object.rdma->descriptor));
     if (remote.len != object.outcome.size) {
       co_return fail(errc::protocol, "descriptor length differs from the object size");
     }
     CORMA_CO_TRY(auto key, co_await s_.key_for(remote.packed_key));
+    keys_in_use.push_back(std::move(key.hold));
     remote.packed_key.clear();  // the imported key names it
     const auto& slot = slots_[object.index];
-    co_return BatchedGet{slot.region, std::move(remote), TransferRange{slot.offset, 0, object.outcome.size}, key};
+    co_return BatchedGet{slot.region, std::move(remote), TransferRange{slot.offset, 0, object.outcome.size}, key.key};
   }
 
   /// Hands a batch's leases back in one request (its answer is read by

@@ -28,9 +28,9 @@ struct AnnouncedOwner {
   static constexpr std::size_t part_size = 4096;
 
   AnnouncedOwner(asio::io_context& io, const corma::DirectoryConfig& config, std::string id, std::uint64_t load,
-                 const std::vector<std::byte>& bytes)
+                 const std::vector<std::byte>& bytes, corma::OwnerConfig owner_config = {})
       : acceptor(io, {asio::ip::make_address("127.0.0.1"), 0}),
-        owner(io.get_executor(), nullptr),
+        owner(io.get_executor(), nullptr, owner_config),
         directory(io.get_executor(), config) {
     owner.publish("obj", corma::PublishedObject{bytes, nullptr});
     corma::Announcement a;

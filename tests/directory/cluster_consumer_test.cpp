@@ -72,6 +72,33 @@ TEST_F(ClusterConsumerTest, ALostOwnerIsReplacedByTheNextReplicaAndTheOutcomeSay
   primary.reset();
 }
 
+TEST_F(ClusterConsumerTest, APooledConnectionTheOwnerClosedForIdlenessIsReplacedNotCountedAsTheOwnersLoss) {
+  corma::OwnerConfig quick;
+  quick.idle_timeout = std::chrono::milliseconds(200);
+  AnnouncedOwner only(io, config(), "owner-only", 1, bytes, quick);
+  ASSERT_TRUE(only.announced);
+  corma::ClusterConsumer cluster(io.get_executor(), std::make_shared<corma::Directory>(io.get_executor(), config()),
+                                 nullptr);
+  std::vector<std::byte> got;
+  auto first = fetch(cluster, got);
+  ASSERT_TRUE(first) << first.error().message();
+  // The owner closes the idle connection; the pool still holds it.
+  io.restart();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (only.owner.stats().open_connections != 0 && std::chrono::steady_clock::now() < deadline) {
+    io.run_one_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_EQ(only.owner.stats().open_connections, 0U);
+  EXPECT_EQ(cluster.pooled(), 1U);
+  auto second = fetch(cluster, got);
+  ASSERT_TRUE(second) << "the only owner was given up for a connection it closed: " << second.error().message();
+  EXPECT_EQ(second.value().owner, "owner-only");
+  EXPECT_TRUE(second.value().failed.empty());
+  EXPECT_EQ(got, bytes);
+  EXPECT_EQ(cluster.pooled(), 1U);
+  EXPECT_EQ(only.owner.stats().connections, 2U);
+}
+
 TEST_F(ClusterConsumerTest, ASetIsSpreadOverTheReplicasAndALostOwnersObjectsGoToTheOthers) {
   auto first = std::make_unique<AnnouncedOwner>(io, config(), "owner-1", 0, bytes);
   AnnouncedOwner second(io, config(), "owner-2", 0, bytes);

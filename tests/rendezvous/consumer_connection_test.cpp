@@ -39,6 +39,7 @@ struct StrictOwner {
   bool done = false;  // serve() returned: the owner may be destroyed
   std::size_t reverse_after = 0;
   bool lapse_on_release = false;  // answers every release as an owner whose lease lapsed
+  bool silent_after_hello = false;  // answers the hello, then nothing at all
 
   static std::optional<std::uint64_t> lease_of(const rv::Message& message) {
     if (auto* pull = std::get_if<rv::Pull>(&message)) return pull->lease;
@@ -107,6 +108,10 @@ struct StrictOwner {
       pause.expires_after(std::chrono::microseconds(300));
       co_await pause.async_wait(asio::as_tuple(asio::use_awaitable));
       const auto& request = unanswered.front().frame;
+      if (silent_after_hello && !std::holds_alternative<rv::Hello>(request.message)) {
+        unanswered.pop_front();
+        continue;
+      }
       rv::Frame response{request.request_id, answer(request.message, next_lease)};
       const bool written = static_cast<bool>(co_await connection.write(response, std::chrono::seconds(5)));
       unanswered.pop_front();
@@ -211,6 +216,29 @@ TEST_F(Rendezvous, AFetchWhoseLeaseTheOwnerNoLongerHeldAtItsReleaseFails) {
   ASSERT_TRUE(outcome.has_value());
   ASSERT_FALSE(*outcome) << "a fetch whose lease lapsed reported success";
   EXPECT_TRUE(outcome->error().is(errc::timeout)) << outcome->error().message();
+}
+
+TEST_F(Rendezvous, AnOwnerSilentToARequestAndToTheHeartbeatThatFollowsIsGivenUp) {
+  StrictOwner strict;
+  strict.silent_after_hello = true;
+  asio::co_spawn(io, strict.serve(acceptor), asio::detached);
+  corma::ConsumerConfig config;
+  config.io_timeout = std::chrono::milliseconds(100);
+  std::optional<corma::Result<corma::Fetched>> outcome;
+  std::chrono::steady_clock::duration took{};
+  corma::testing::run(io, [&]() -> asio::awaitable<void> {
+    auto consumer = (co_await corma::Consumer::connect(io.get_executor(), acceptor.local_endpoint(), nullptr, config)).value();
+    const auto start = std::chrono::steady_clock::now();
+    outcome = co_await consumer->async_fetch("object");
+    took = std::chrono::steady_clock::now() - start;
+  }());
+  strict.wait_until_done(io);
+  ASSERT_TRUE(outcome.has_value());
+  ASSERT_FALSE(*outcome) << "a silent owner's fetch succeeded";
+  EXPECT_TRUE(outcome->error().is(errc::timeout)) << outcome->error().message();
+  // The hello, the acquire, and the heartbeat that asked whether the owner lived.
+  EXPECT_EQ(strict.requests, 3);
+  EXPECT_LT(took, std::chrono::seconds(2)) << "a silent owner was waited for past two io timeouts";
 }
 
 /// `count` fetches of "big" at once on one connection with their gets held:

@@ -268,6 +268,38 @@ TEST_F(Rendezvous, AnOwnerServesEveryOtherRequestWhileALookUpRunsOffItsLoop) {
   EXPECT_EQ(owner->stats().live_leases, 0U);
 }
 
+TEST_F(Rendezvous, AnAnswerSlowerThanTheIoTimeoutIsWaitedForWhileTheOwnerAnswersHeartbeats) {
+  // The look-up (a large registration, a cold file) takes several io
+  // timeouts: the owner is alive and says so, so the connection is kept.
+  start_owner();
+  HeldResolver files;
+  owner->set_resolver(files.resolver());
+  const auto slow = pattern(5000, 7);
+  corma::ConsumerConfig config;
+  config.io_timeout = std::chrono::milliseconds(100);
+  std::optional<Result<corma::Fetched>> slow_fetch;
+  std::optional<Result<corma::Fetched>> after;
+  corma::testing::run(io, [&]() -> asio::awaitable<void> {
+    auto consumer = (co_await corma::Consumer::connect(io.get_executor(), acceptor.local_endpoint(), nullptr, config)).value();
+    asio::co_spawn(io, [&]() -> asio::awaitable<void> { slow_fetch = co_await consumer->async_fetch("slow.bin"); },
+                   asio::detached);
+    // Three heartbeats asked whether the owner lived: three io timeouts passed.
+    co_await until([&] { return owner->stats().heartbeats >= 3; }, std::chrono::seconds(5));
+    EXPECT_GE(owner->stats().heartbeats, 3U);
+    EXPECT_FALSE(slow_fetch.has_value()) << "the slow fetch ended before its answer";
+    files.answer_all([&](const std::string&) -> Result<corma::PublishedObject> {
+      return corma::PublishedObject{slow, nullptr};
+    });
+    co_await until([&] { return slow_fetch.has_value(); }, std::chrono::seconds(5));
+    after = co_await consumer->async_fetch("small");
+  }());
+  ASSERT_TRUE(slow_fetch.has_value());
+  ASSERT_TRUE(*slow_fetch) << slow_fetch->error().message();
+  EXPECT_EQ(slow_fetch->value().data.size(), slow.size());
+  ASSERT_TRUE(after.has_value());
+  EXPECT_TRUE(*after) << "the connection was given up: " << after->error().message();
+}
+
 /// CPU time this thread has used.
 std::chrono::microseconds thread_cpu() {
   rusage usage{};

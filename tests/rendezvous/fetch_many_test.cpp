@@ -326,6 +326,27 @@ TEST_F(FetchMany, TwoSetsAtOnceImportEachKeyOnceAndLeakNone) {
   EXPECT_EQ(consumer_backend->imported_keys(), large) << "a key imported twice at once was left imported";
 }
 
+TEST_F(FetchMany, KeysPastTheImportLimitLetGoOnlyThoseNoReadUses) {
+  // 100 exports in batches of 64 against a limit of 8 imported keys: every
+  // import past the eighth finds the table full while the batch's own keys
+  // wait for their gets. Not one of those may be let go (its get would
+  // name a key released under it and fall back to chunks).
+  start_owner_with_objects(corma::OwnerConfig{.max_leases_per_connection = 128, .max_batch_objects = 64});
+  corma::ConsumerConfig few_keys;
+  few_keys.max_imported_keys = 8;
+  auto c = consumer(few_keys);
+  auto [names, slots] = whole_set();
+  expect_whole_set(fetch_all(*c, names, slots));
+  EXPECT_EQ(c->stats().fallbacks, 0U) << "a get named a key let go under it";
+  // Between sets nothing is in use: the table is cut back to its limit (and
+  // the keys the last batch imported after the cut).
+  const std::size_t large_in_last_batch = 64 - (64 + 2) / 3 + 1;
+  EXPECT_LE(consumer_backend->imported_keys(), few_keys.max_imported_keys + large_in_last_batch);
+  std::fill(landing.begin(), landing.end(), std::byte{0});
+  expect_whole_set(fetch_all(*c, names, slots));
+  EXPECT_EQ(c->stats().fallbacks, 0U);
+}
+
 TEST_F(FetchMany, AnObjectPublishedAgainWhileItsBatchIsReadFailsAloneWithObjectChanged) {
   start_owner_with_objects();
   auto c = consumer();
