@@ -45,6 +45,7 @@ void SnapshotCache::unwatch(const std::string& name) {
 }
 
 void SnapshotCache::drop(const std::string& name) {
+  for (auto& read : reading_) read.dropped = read.dropped || read.name == name;
   if (watch_) watch_->forget(name);
   auto it = kept_.find(name);
   if (it == kept_.end()) return;
@@ -61,18 +62,30 @@ void SnapshotCache::make_room(std::uint64_t size) {
 
 Result<std::shared_ptr<const FileSnapshot>> SnapshotCache::read(int fd, const std::string& name) {
   bool keep = false;
+  std::list<Reading>::iterator reading;
   {
     std::lock_guard lock(mutex_);
     // The file watch goes on before the lease is taken: from the moment the
     // snapshot is proven whole, every open of the file is seen.
     keep = watch_ && watch_->watch_file(name, fd);
+    reading = reading_.insert(reading_.end(), Reading{name});
   }
+  struct Done {
+    SnapshotCache& cache;
+    std::list<Reading>::iterator reading;
+    ~Done() {
+      std::lock_guard lock(cache.mutex_);
+      cache.reading_.erase(reading);
+    }
+  } done{*this, reading};
   for (int attempt = 1;; ++attempt) {
     auto snapshot = read_once(fd, name);
     if (snapshot && keep) {
       std::lock_guard lock(mutex_);
-      recency_.push_back(name);
-      kept_.insert_or_assign(name, Kept{snapshot.value(), std::prev(recency_.end())});
+      if (!reading->dropped) {
+        recency_.push_back(name);
+        kept_.insert_or_assign(name, Kept{snapshot.value(), std::prev(recency_.end())});
+      }
     }
     if (snapshot || !snapshot.error().is(errc::object_changed) || attempt == read_attempts) {
       if (!snapshot) unwatch(name);

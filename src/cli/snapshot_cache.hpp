@@ -79,6 +79,15 @@ class SnapshotCache {
   std::optional<ChangeWatch> watch_;  ///< none: nothing is kept
   std::unordered_map<std::string, Kept, NameHash, std::equal_to<>> kept_;
   std::list<std::string> recency_;  ///< least recently used first
+  /// The reads under way, each with whether its name was dropped since it
+  /// began (a change seen, or the watch given up): such a read's snapshot
+  /// is handed to its fetch but not kept, since nothing watches its name
+  /// any more and a kept snapshot would be served after the change.
+  struct Reading {
+    std::string name;
+    bool dropped = false;
+  };
+  std::list<Reading> reading_;
   std::chrono::steady_clock::time_point refreshed_{};
 };
 

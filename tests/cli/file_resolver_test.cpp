@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 
 namespace corma::cli {
 namespace {
@@ -59,6 +60,30 @@ TEST_F(FileResolverTest, AnUnchangedFileIsReadOnceAndKeptWhileNobodyReadsIt) {
   ASSERT_TRUE(again) << again.error().message();
   EXPECT_EQ(again.value().keepalive.get(), first) << "an unchanged file was read again";
   EXPECT_EQ(first_byte(again.value()), 'a');
+}
+
+TEST_F(FileResolverTest, AFileRenamedOverTheNameWhileItsOldVersionIsReadIsNotHiddenByTheOldSnapshot) {
+  // The new version arrives while the old one is being read: the change is
+  // seen (and the name's watch given up) before the read ends. The read's
+  // snapshot serves its own fetch, but must not be kept for the next.
+  constexpr std::size_t size = 64u << 20;
+  write_file("big", size, 'o');
+  write_file("big.new", size, 'n');
+  auto resolver = FileResolver::create(dir, 1u << 30).value();
+  resolver.refresh();
+  Result<PublishedObject> old_read = fail(errc::backend, "not read");
+  std::thread reader([&] { old_read = resolver("big"); });
+  // The snapshot's memory is counted once the lease is held and the read begins.
+  while (resolver.snapshot_bytes() == 0) std::this_thread::yield();
+  fs::rename(dir / "big.new", dir / "big");
+  resolver.refresh();
+  reader.join();
+  ASSERT_TRUE(old_read) << old_read.error().message();
+  EXPECT_EQ(first_byte(old_read.value()), 'o');
+  old_read = fail(errc::backend, "let go");
+  auto next = fetch(resolver, "big");
+  ASSERT_TRUE(next) << next.error().message();
+  EXPECT_EQ(first_byte(next.value()), 'n') << "the old version's snapshot was kept past the rename";
 }
 
 TEST_F(FileResolverTest, AWriteInPlaceWithinTheSameClockTickIsSeenByTheNextRequest) {
