@@ -88,10 +88,13 @@ void initiate_receive_notification(EngineCore& engine, RdmaBackend::Handler<Noti
 
 void initiate_shutdown(EngineCore& engine, RdmaBackend::Handler<void> h) {
   auto op = make_op<VoidOp>(std::move(h));
-  // Refuse new commands at once; those already queued run after this one
-  // and are answered shutting_down.
-  engine.stop_accepting();
-  asio::post(engine.io, [engine = engine.shared_from_this(), op] { engine->run_shutdown(op); });
+  // New commands are refused at once; those queued before run first (a get
+  // asked before the shutdown is posted to the provider and gets until the
+  // deadline to finish), and any a racing thread queued after it are
+  // answered shutting_down. Through the command queue, not the io_context:
+  // a sleeping progress thread would run an io handler before the commands
+  // that woke it.
+  engine.submit_last([engine = engine.shared_from_this(), op] { engine->run_shutdown(op); });
 }
 
 Result<std::thread> start_progress_thread(const std::shared_ptr<EngineCore>& engine,

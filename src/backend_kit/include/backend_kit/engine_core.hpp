@@ -97,6 +97,15 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
 
   /// Refuses new commands from now on.
   void stop_accepting() noexcept { accepting_.store(false, std::memory_order_release); }
+  /// Refuses new commands from now on, and runs `last()` on the progress
+  /// thread after every command queued before (a shutdown: what was asked
+  /// before it runs first, in order, however the progress thread sleeps).
+  /// `last` holds the engine: it runs even though nothing more is accepted.
+  template <class Last>
+  void submit_last(Last last) {
+    stop_accepting();
+    commands_->push(std::move(last));
+  }
   [[nodiscard]] std::size_t live_registrations() const noexcept { return live_.load(std::memory_order_acquire); }
   [[nodiscard]] std::size_t transfers_in_flight() const noexcept { return in_flight_.load(std::memory_order_acquire); }
   [[nodiscard]] std::uint64_t refused_notifications() const noexcept {
