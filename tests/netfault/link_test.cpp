@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -147,12 +148,28 @@ TEST_F(Link, ARateLimitBoundsAStream) {
   EXPECT_LT(*took, 3s);
 }
 
+/// Whether process `pid` has entered the named network namespace (`ip netns
+/// exec` enters it after the process started).
+bool in_namespace(pid_t pid, const std::string& name) {
+  struct stat process {}, named {};
+  const auto process_ns = "/proc/" + std::to_string(pid) + "/ns/net";
+  const auto named_ns = "/run/netns/" + name;
+  return ::stat(process_ns.c_str(), &process) == 0 && ::stat(named_ns.c_str(), &named) == 0 &&
+         process.st_ino == named.st_ino && process.st_dev == named.st_dev;
+}
+
 TEST_F(Link, NothingIsLeftBehind) {
   auto pair = std::make_unique<NetworkPair>(LinkProfile{});
   ASSERT_TRUE(pair->ready()) << pair->why_not();
   const auto owner_namespace = pair->name(Side::owner);
   auto sleeper = pair->start_in(Side::owner, {"/bin/sleep", "600"});
-  ASSERT_EQ(::kill(sleeper.pid, 0), 0) << "it runs in the namespace";
+  // Torn down only once it is inside: before, it is nothing of the
+  // namespace's to kill (a busy machine takes a while to get it there).
+  const auto until = steady::now() + 10s;
+  while (!in_namespace(sleeper.pid, owner_namespace) && steady::now() < until) {
+    if (sleeper.wait_exit(1ms)) break;
+  }
+  ASSERT_TRUE(in_namespace(sleeper.pid, owner_namespace)) << "it never ran in the namespace";
   pair.reset();
   EXPECT_TRUE(sleeper.wait_exit(2s)) << "what ran in the namespace was killed with it";
   const auto listed = run_command({tool("ip"), "netns", "list"});
