@@ -5,7 +5,6 @@
 #include <boost/asio/associated_executor.hpp>
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/post.hpp>
-#include <boost/asio/system_executor.hpp>
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -69,9 +68,10 @@ Result<PublishedObject> FileResolver::operator()(std::string_view name) const {
 
 namespace {
 
-/// Completes `done` with `found` on the handler's own executor.
-void complete(ResolveHandler done, Result<PublishedObject> found) {
-  const auto executor = boost::asio::get_associated_executor(done, boost::asio::system_executor());
+/// Completes `done` with `found` on the handler's own executor, or, for a
+/// handler without one, on `readers` (the executor the caller gave).
+void complete(ResolveHandler done, Result<PublishedObject> found, const boost::asio::any_io_executor& readers) {
+  const auto executor = boost::asio::get_associated_executor(done, readers);
   boost::asio::dispatch(executor, [done = std::move(done), found = std::move(found)]() mutable {
     std::move(done)(std::move(found));
   });
@@ -80,18 +80,18 @@ void complete(ResolveHandler done, Result<PublishedObject> found) {
 }  // namespace
 
 void FileResolver::resolve(std::string name, const boost::asio::any_io_executor& readers, ResolveHandler done) const {
-  if (auto valid = check_served_name(name); !valid) return complete(std::move(done), std::move(valid).error());
+  if (auto valid = check_served_name(name); !valid) return complete(std::move(done), std::move(valid).error(), readers);
   if (auto kept = snapshots_->find(name)) {
-    return complete(std::move(done), PublishedObject{kept->bytes(), std::move(kept)});
+    return complete(std::move(done), PublishedObject{kept->bytes(), std::move(kept)}, readers);
   }
-  boost::asio::post(readers, [files = *this, name = std::move(name), done = std::move(done)]() mutable {
+  boost::asio::post(readers, [files = *this, name = std::move(name), done = std::move(done), readers]() mutable {
     Result<PublishedObject> found = fail(errc::backend, "reading '" + name + "' failed");
     try {
       found = files.read(name);
     } catch (const std::exception& e) {
       found = fail(errc::backend, "reading '" + name + "' failed: " + e.what());
     }
-    complete(std::move(done), std::move(found));
+    complete(std::move(done), std::move(found), readers);
   });
 }
 
