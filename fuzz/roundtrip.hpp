@@ -35,11 +35,11 @@ inline bool same(const rv::Acquire& a, const rv::Acquire& b) {
 }
 inline bool same(const rv::RdmaGrant& a, const rv::RdmaGrant& b) {
   return a.lease == b.lease && a.size == b.size && a.lease_timeout_ms == b.lease_timeout_ms &&
-         a.descriptor == b.descriptor;
+         a.descriptor == b.descriptor && a.generation == b.generation;
 }
 inline bool same(const rv::Chunked& a, const rv::Chunked& b) {
   return a.lease == b.lease && a.size == b.size && a.chunk_size == b.chunk_size &&
-         a.lease_timeout_ms == b.lease_timeout_ms && a.reason == b.reason;
+         a.lease_timeout_ms == b.lease_timeout_ms && a.reason == b.reason && a.generation == b.generation;
 }
 inline bool same(const rv::NotFound&, const rv::NotFound&) { return true; }
 inline bool same(const rv::Pull& a, const rv::Pull& b) {
@@ -56,7 +56,7 @@ inline bool same(const rv::ErrorReply& a, const rv::ErrorReply& b) {
 
 inline bool same(const rv::RdmaWindow& a, const rv::RdmaWindow& b) {
   return a.lease == b.lease && a.size == b.size && a.lease_timeout_ms == b.lease_timeout_ms && a.offset == b.offset &&
-         a.window_len == b.window_len && a.descriptor == b.descriptor;
+         a.window_len == b.window_len && a.descriptor == b.descriptor && a.generation == b.generation;
 }
 inline bool same(const rv::NextWindow& a, const rv::NextWindow& b) { return a.lease == b.lease && a.offset == b.offset; }
 inline bool same(const rv::AcquireMany& a, const rv::AcquireMany& b) {
@@ -71,7 +71,9 @@ inline bool same(const rv::PushReady&, const rv::PushReady&) { return true; }
 inline bool same(const rv::Push& a, const rv::Push& b) {
   return a.name == b.name && a.notify == b.notify && a.tag == b.tag && a.landing == b.landing;
 }
-inline bool same(const rv::Pushed& a, const rv::Pushed& b) { return a.size == b.size; }
+inline bool same(const rv::Pushed& a, const rv::Pushed& b) {
+  return a.size == b.size && a.generation == b.generation;
+}
 inline bool same(const rv::Heartbeat&, const rv::Heartbeat&) { return true; }
 inline bool same(const rv::HeartbeatOk& a, const rv::HeartbeatOk& b) {
   return a.leases == b.leases && a.lease_timeout_ms == b.lease_timeout_ms;

@@ -22,6 +22,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace corma {
@@ -46,12 +47,14 @@ struct ConsumerConfig {
   /// Fetches (of any kind) running at once on the connection, RDMA
   /// transfers included; more wait their turn, in order. At least 1.
   std::size_t max_fetches_in_flight = 16;
-  /// The rendezvous protocol version offered in the hello: 4 (one
-  /// heartbeat keeps every lease of the connection) by default; an older
-  /// owner answers with its own, and then each lease is renewed by a frame
-  /// of its own (version 3), async_push_fetch reads instead (version 2) and
-  /// async_fetch_many fetches one object at a time (version 1).
-  std::uint16_t protocol_version = 4;
+  /// The rendezvous protocol version offered in the hello: 5 (the owner
+  /// says which version of an object each fetch read) by default; an older
+  /// owner answers with its own, and then FetchOutcome::generation stays
+  /// empty and a byte range lent in windows steps through the windows before
+  /// it (version 4), each lease is renewed by a frame of its own (version
+  /// 3), async_push_fetch reads instead (version 2) and async_fetch_many
+  /// fetches one object at a time (version 1).
+  std::uint16_t protocol_version = 5;
   /// Remote keys async_fetch_many keeps imported for the owner's exports
   /// (each imported once, then reused by every set that reads that export);
   /// past it the keys no read is using are let go. At least 1.
@@ -61,10 +64,30 @@ struct ConsumerConfig {
   std::function<void(std::uint64_t done, std::uint64_t total)> on_progress;
 };
 
-/// How a fetch went: the object's size, the path its bytes took, and why
-/// when it was not RDMA.
+/// Part of an object: `length` bytes from `offset`, or every byte from
+/// `offset` on when no length is given; the default is the whole object. A
+/// range that does not lie within the object is refused (`out_of_range`)
+/// once the owner has said the object's size, its lease released.
+struct ByteRange {
+  std::uint64_t offset = 0;
+  std::optional<std::uint64_t> length;
+};
+
+/// How a fetch went: the object's size, the part of it fetched, the version
+/// read, the path its bytes took, and why when it was not RDMA.
 struct FetchOutcome {
+  /// The whole object's size.
   std::uint64_t size = 0;
+  /// The bytes fetched: [offset, offset + length) of the object (0 and
+  /// `size` for a whole object).
+  std::uint64_t offset = 0;
+  std::uint64_t length = 0;
+  /// Which version of the object was read: a number the owner gives each
+  /// publication of a name and each version of it its resolver finds (for
+  /// corma serve, each version of a file). Two fetches of one name with the
+  /// same generation read the same bytes. Empty when the owner speaks a
+  /// protocol older than version 5.
+  std::optional<std::uint64_t> generation;
   Path path = Path::chunked;
   /// Why it came in chunks (empty when it came over RDMA).
   std::optional<ChunkedReason> reason;
@@ -96,7 +119,8 @@ struct PushOptions {
 };
 
 /// Receives a fetched object's bytes in order: `bytes` belong at `offset`
-/// of the object and are only valid during the call. An error ends the fetch
+/// of the object (of the whole object, also when a byte range of it is
+/// fetched) and are only valid during the call. An error ends the fetch
 /// with that error.
 using ChunkSink = std::function<Result<void>(std::uint64_t offset, std::span<const std::byte> bytes)>;
 
@@ -134,12 +158,13 @@ struct Fetched : FetchOutcome {
 
 /// Where one object of async_fetch_many lands: at `offset` of `region`, a
 /// region of the consumer's registry (Access::local is enough) that the
-/// caller keeps registered; an object larger than `capacity` is refused
-/// with `out_of_range`.
+/// caller keeps registered; an object (or the part of it `range` names)
+/// larger than `capacity` is refused with `out_of_range`.
 struct FetchSlot {
   RegionGuard* region = nullptr;
   std::uint64_t offset = 0;
   std::uint64_t capacity = 0;
+  ByteRange range{};
 };
 
 /// async_fetch_many's answer: one outcome per name, in the names' order.
@@ -196,8 +221,17 @@ class Consumer {
   /// (docs/protocol.md, "Cancelling a fetch").
   /// Completes with Result<Fetched>.
   template <class Token = DefaultToken>
+    requires(!std::is_same_v<std::decay_t<Token>, ByteRange>)
   auto async_fetch(std::string name, Token&& token = {}) {
-    return detail::as_operation(executor(), fetch_coroutine(std::move(name)), std::forward<Token>(token));
+    return detail::as_operation(executor(), fetch_coroutine(std::move(name), {}), std::forward<Token>(token));
+  }
+  /// The same for a part of the object: `Fetched::data` holds the range's
+  /// bytes. Over RDMA only the range is read; an object lent in windows
+  /// skips the windows before it (version 5 owners; older ones lend them,
+  /// unread), and the chunked path pulls the range alone.
+  template <class Token = DefaultToken>
+  auto async_fetch(std::string name, ByteRange range, Token&& token = {}) {
+    return detail::as_operation(executor(), fetch_coroutine(std::move(name), range), std::forward<Token>(token));
   }
 
   /// Fetches `name` into `destination`: a region of the consumer's registry
@@ -211,8 +245,15 @@ class Consumer {
   /// reused once the region's deregistered() resolves. `destination` must
   /// outlive the operation. Completes with Result<FetchOutcome>.
   template <class Token = DefaultToken>
+    requires(!std::is_same_v<std::decay_t<Token>, ByteRange>)
   auto async_fetch_into(std::string name, RegionGuard& destination, Token&& token = {}) {
-    return detail::as_operation(executor(), fetch_into_coroutine(std::move(name), destination),
+    return detail::as_operation(executor(), fetch_into_coroutine(std::move(name), destination, {}),
+                                std::forward<Token>(token));
+  }
+  /// The same for a part of the object, landing at the region's start.
+  template <class Token = DefaultToken>
+  auto async_fetch_into(std::string name, RegionGuard& destination, ByteRange range, Token&& token = {}) {
+    return detail::as_operation(executor(), fetch_into_coroutine(std::move(name), destination, range),
                                 std::forward<Token>(token));
   }
 
@@ -222,9 +263,10 @@ class Consumer {
   /// Same paths and fallback as async_fetch; a sink's error ends the fetch
   /// (its lease released). Completes with Result<FetchOutcome>.
   template <class Token = DefaultToken>
+    requires(!std::is_same_v<std::decay_t<Token>, ByteRange>)
   auto async_fetch_to(std::string name, ChunkSink sink, Token&& token = {}) {
     StreamDestination destination{std::move(sink), {}};
-    return detail::as_operation(executor(), fetch_to_coroutine(std::move(name), std::move(destination)),
+    return detail::as_operation(executor(), fetch_to_coroutine(std::move(name), std::move(destination), {}),
                                 std::forward<Token>(token));
   }
   /// The same, with the RDMA read landing where `destination` says (a file
@@ -232,8 +274,17 @@ class Consumer {
   /// (its function fails, or gives less than the object's size) fails the
   /// fetch with that error, its lease released.
   template <class Token = DefaultToken>
+    requires(!std::is_same_v<std::decay_t<Token>, ByteRange>)
   auto async_fetch_to(std::string name, StreamDestination destination, Token&& token = {}) {
-    return detail::as_operation(executor(), fetch_to_coroutine(std::move(name), std::move(destination)),
+    return detail::as_operation(executor(), fetch_to_coroutine(std::move(name), std::move(destination), {}),
+                                std::forward<Token>(token));
+  }
+  /// The same for a part of the object: the sink is handed the range's
+  /// bytes (at their offsets in the object), and a landing is asked for the
+  /// range's length.
+  template <class Token = DefaultToken>
+  auto async_fetch_to(std::string name, StreamDestination destination, ByteRange range, Token&& token = {}) {
+    return detail::as_operation(executor(), fetch_to_coroutine(std::move(name), std::move(destination), range),
                                 std::forward<Token>(token));
   }
 
@@ -298,11 +349,13 @@ class Consumer {
       boost::asio::any_io_executor executor, boost::asio::ip::tcp::endpoint owner, std::shared_ptr<Registry> registry,
       ConsumerConfig config);
   [[nodiscard]] boost::asio::any_io_executor executor() const;
-  [[nodiscard]] boost::asio::awaitable<Result<Fetched>> fetch_coroutine(std::string name);
+  [[nodiscard]] boost::asio::awaitable<Result<Fetched>> fetch_coroutine(std::string name, ByteRange range);
   [[nodiscard]] boost::asio::awaitable<Result<FetchOutcome>> fetch_into_coroutine(std::string name,
-                                                                                   RegionGuard& destination);
+                                                                                   RegionGuard& destination,
+                                                                                   ByteRange range);
   [[nodiscard]] boost::asio::awaitable<Result<FetchOutcome>> fetch_to_coroutine(std::string name,
-                                                                                 StreamDestination destination);
+                                                                                 StreamDestination destination,
+                                                                                 ByteRange range);
   [[nodiscard]] boost::asio::awaitable<Result<FetchOutcome>> push_fetch_coroutine(std::string name,
                                                                                    RegionGuard& landing,
                                                                                    PushOptions options);

@@ -103,20 +103,22 @@ asio::any_io_executor ClusterConsumer::executor() const { return state_->executo
 
 std::size_t ClusterConsumer::pooled() const { return state_->pool.size(); }
 
-asio::awaitable<Result<ClusterOutcome>> ClusterConsumer::fetch_to(std::string name, StreamDestination destination) {
+asio::awaitable<Result<ClusterOutcome>> ClusterConsumer::fetch_to(std::string name, StreamDestination destination,
+                                                                  ByteRange range) {
   auto state = state_;
   // Named, not a temporary in the co_await: g++ 12 destroys those twice.
   const State::FetchFrom from_owner = [&](Consumer& consumer) -> asio::awaitable<Result<FetchOutcome>> {
     auto attempt = destination;  // each owner starts from a copy of it
-    co_return co_await consumer.async_fetch_to(name, std::move(attempt));
+    co_return co_await consumer.async_fetch_to(name, std::move(attempt), range);
   };
   co_return co_await state->fetch(name, from_owner);
 }
 
-asio::awaitable<Result<ClusterOutcome>> ClusterConsumer::fetch_into(std::string name, RegionGuard& destination) {
+asio::awaitable<Result<ClusterOutcome>> ClusterConsumer::fetch_into(std::string name, RegionGuard& destination,
+                                                                    ByteRange range) {
   auto state = state_;
   const State::FetchFrom from_owner = [&](Consumer& consumer) -> asio::awaitable<Result<FetchOutcome>> {
-    co_return co_await consumer.async_fetch_into(name, destination);
+    co_return co_await consumer.async_fetch_into(name, destination, range);
   };
   co_return co_await state->fetch(name, from_owner);
 }

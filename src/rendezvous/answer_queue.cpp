@@ -5,12 +5,17 @@
 
 namespace corma::rendezvous {
 
-AnswerQueue::AnswerQueue(FramedConnection& connection, std::chrono::milliseconds write_timeout)
-    : connection_(connection), timeout_(write_timeout), changed_(connection.socket().get_executor()) {}
+AnswerQueue::AnswerQueue(FramedConnection& connection, std::chrono::milliseconds write_timeout,
+                         std::uint16_t version)
+    : connection_(connection),
+      timeout_(write_timeout),
+      version_(version),
+      changed_(connection.socket().get_executor()) {}
 
 // The answers are named before the co_await: g++ 12 destroys temporaries
 // inside co_await expressions twice.
 asio::awaitable<void> AnswerQueue::answer(Frame frame) {
+  fit_to_version(frame.message, version_);
   Answer answer{std::move(frame)};
   co_await enqueue(std::move(answer));
 }

@@ -22,7 +22,8 @@ namespace corma::rendezvous {
 
 class AnswerQueue {
  public:
-  AnswerQueue(FramedConnection& connection, std::chrono::milliseconds write_timeout);
+  /// Answers are written as a session of `version` reads them (fit_to_version).
+  AnswerQueue(FramedConnection& connection, std::chrono::milliseconds write_timeout, std::uint16_t version);
 
   /// A request was taken: it is in progress until its answer is written
   /// (or given up, once a write has failed).
@@ -69,6 +70,7 @@ class AnswerQueue {
 
   FramedConnection& connection_;
   std::chrono::milliseconds timeout_;
+  std::uint16_t version_;
   std::deque<Answer> queue_;
   bool writing_ = false;
   bool failed_ = false;

@@ -59,8 +59,9 @@ namespace {
 /// registration is gone.
 Consumer::State::Destination fresh_buffer_in(OwnedBuffer& holder, ChunkSink sink = {}) {
   return {[&holder](std::uint64_t size) -> Result<std::span<std::byte>> {
-            holder = OwnedBuffer::allocate(std::max<std::uint64_t>(size, 1));
-            return holder.bytes().first(size);
+            // Exactly the bytes fetched: Fetched::data of nothing is empty.
+            holder = size == 0 ? OwnedBuffer{} : OwnedBuffer::allocate(size);
+            return holder.bytes();
           },
           nullptr,
           0,
@@ -68,10 +69,11 @@ Consumer::State::Destination fresh_buffer_in(OwnedBuffer& holder, ChunkSink sink
           std::move(sink)};
 }
 
-asio::awaitable<Result<Fetched>> fetch_new(std::shared_ptr<Consumer::State> state, std::string name) {
+asio::awaitable<Result<Fetched>> fetch_new(std::shared_ptr<Consumer::State> state, std::string name,
+                                           ByteRange range) {
   CORMA_CO_TRY(const auto place, co_await state->fetches.enter());
   Fetched fetched;
-  CORMA_CO_TRY(auto outcome, co_await state->fetch(std::move(name), fresh_buffer_in(fetched.data)));
+  CORMA_CO_TRY(auto outcome, co_await state->fetch(std::move(name), fresh_buffer_in(fetched.data), range));
   static_cast<FetchOutcome&>(fetched) = std::move(outcome);
   co_return fetched;
 }
@@ -86,7 +88,7 @@ Consumer::State::Destination landing_in(std::shared_ptr<const void>& held, Strea
     CORMA_TRY(auto landed, landing_for(size));
     if (landed.memory.size() < size) {
       return fail(errc::out_of_range, "the landing memory holds " + std::to_string(landed.memory.size()) +
-                                          " bytes, the object " + std::to_string(size));
+                                          " bytes, the fetch needs " + std::to_string(size));
     }
     held = std::move(landed.keepalive);
     return landed.memory.first(size);
@@ -101,7 +103,7 @@ Consumer::State::Destination landing_in(std::shared_ptr<const void>& held, Strea
 }
 
 asio::awaitable<Result<FetchOutcome>> fetch_to(std::shared_ptr<Consumer::State> state, std::string name,
-                                               StreamDestination destination) {
+                                               StreamDestination destination, ByteRange range) {
   CORMA_CO_TRY(const auto place, co_await state->fetches.enter());
   // Used only when the owner grants RDMA: the caller's landing memory, or
   // fresh memory handed to the sink.
@@ -110,14 +112,14 @@ asio::awaitable<Result<FetchOutcome>> fetch_to(std::shared_ptr<Consumer::State> 
   const auto fetch_destination = destination.rdma_landing
                                      ? landing_in(landing_keepalive, std::move(destination))
                                      : fresh_buffer_in(rdma_landing, std::move(destination.sink));
-  co_return co_await state->fetch(std::move(name), fetch_destination);
+  co_return co_await state->fetch(std::move(name), fetch_destination, range);
 }
 
 asio::awaitable<Result<FetchOutcome>> fetch_into(std::shared_ptr<Consumer::State> state, std::string name,
-                                                 RegionGuard& destination) {
+                                                 RegionGuard& destination, ByteRange range) {
   CORMA_CO_TRY(const auto place, co_await state->fetches.enter());
   const auto registered = registered_destination(destination, 0, destination.size());
-  co_return co_await state->fetch(std::move(name), registered);
+  co_return co_await state->fetch(std::move(name), registered, range);
 }
 
 asio::awaitable<Result<FetchOutcome>> push_fetch(std::shared_ptr<Consumer::State> state, std::string name,
@@ -141,17 +143,18 @@ asio::awaitable<Result<ManyFetched>> fetch_many(std::shared_ptr<Consumer::State>
 // A fetch runs on a coroutine thread of its own (detail::as_operation): a
 // cancelled fetch is answered `cancelled` once it reached a safe point,
 // never by an exception thrown out of the middle of a request.
-asio::awaitable<Result<Fetched>> Consumer::fetch_coroutine(std::string name) {
-  return fetch_new(state_, std::move(name));
+asio::awaitable<Result<Fetched>> Consumer::fetch_coroutine(std::string name, ByteRange range) {
+  return fetch_new(state_, std::move(name), range);
 }
 
-asio::awaitable<Result<FetchOutcome>> Consumer::fetch_into_coroutine(std::string name, RegionGuard& destination) {
-  return fetch_into(state_, std::move(name), destination);
+asio::awaitable<Result<FetchOutcome>> Consumer::fetch_into_coroutine(std::string name, RegionGuard& destination,
+                                                                     ByteRange range) {
+  return fetch_into(state_, std::move(name), destination, range);
 }
 
-asio::awaitable<Result<FetchOutcome>> Consumer::fetch_to_coroutine(std::string name,
-                                                                   StreamDestination destination) {
-  return fetch_to(state_, std::move(name), std::move(destination));
+asio::awaitable<Result<FetchOutcome>> Consumer::fetch_to_coroutine(std::string name, StreamDestination destination,
+                                                                   ByteRange range) {
+  return fetch_to(state_, std::move(name), std::move(destination), range);
 }
 
 asio::awaitable<Result<FetchOutcome>> Consumer::push_fetch_coroutine(std::string name, RegionGuard& landing,

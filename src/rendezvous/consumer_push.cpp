@@ -114,6 +114,8 @@ asio::awaitable<Result<FetchOutcome>> Consumer::State::push_fetch(std::string na
       if (config.on_progress) config.on_progress(pushed->size, pushed->size);
       FetchOutcome outcome;
       outcome.size = pushed->size;
+      outcome.length = pushed->size;
+      outcome.generation = pushed->generation;
       outcome.path = Path::rdma;
       outcome.pushed = true;
       co_return outcome;

@@ -45,6 +45,15 @@ asio::awaitable<bool> cancelled_here() {
   co_return state.cancelled() != asio::cancellation_type::none;
 }
 
+Result<Slice> slice_of(const ByteRange& range, std::uint64_t size) {
+  if (range.offset > size || (range.length && *range.length > size - range.offset)) {
+    return fail(errc::out_of_range, "the range [" + std::to_string(range.offset) + ", " +
+                                        (range.length ? "+" + std::to_string(*range.length) : std::string("end")) +
+                                        ") does not lie within the object's " + std::to_string(size) + " bytes");
+  }
+  return Slice{range.offset, range.length.value_or(size - range.offset)};
+}
+
 }  // namespace rendezvous
 
 Consumer::State::Destination registered_destination(RegionGuard& region, std::uint64_t offset,
@@ -127,6 +136,7 @@ asio::awaitable<std::vector<Result<void>>> Consumer::State::pull_objects(std::ve
   const std::uint64_t window = std::max<std::uint64_t>(config.pull_window, 1) * largest_chunk;
   std::uint64_t on_the_wire = 0;
   std::vector<std::uint64_t> next(jobs.size(), 0);
+  for (std::size_t j = 0; j < jobs.size(); ++j) next[j] = jobs[j].slice.offset;
   std::vector<std::uint64_t> received(jobs.size(), 0);
   std::vector<std::optional<Error>> failed(jobs.size());
   std::size_t issuing = 0;  // the object whose pulls go out next
@@ -143,7 +153,7 @@ asio::awaitable<std::vector<Result<void>>> Consumer::State::pull_objects(std::ve
   auto fail_unfinished = [&](const Error& why) {
     forget_asked(std::nullopt);
     for (std::size_t j = 0; j < jobs.size(); ++j) {
-      if (!failed[j] && received[j] < jobs[j].size) failed[j] = why;
+      if (!failed[j] && received[j] < jobs[j].slice.length) failed[j] = why;
     }
   };
   for (;;) {
@@ -154,13 +164,14 @@ asio::awaitable<std::vector<Result<void>>> Consumer::State::pull_objects(std::ve
     // One window for every object: the next object's first pulls go out
     // while the last of the one before are still on the wire.
     for (;;) {
-      while (issuing < jobs.size() && (failed[issuing] || next[issuing] >= jobs[issuing].size)) ++issuing;
+      while (issuing < jobs.size() && (failed[issuing] || next[issuing] >= jobs[issuing].slice.end())) ++issuing;
       if (issuing == jobs.size()) break;
       const auto& job = jobs[issuing];
-      const auto len = static_cast<std::uint32_t>(std::min<std::uint64_t>(job.chunk, job.size - next[issuing]));
+      const auto len = static_cast<std::uint32_t>(std::min<std::uint64_t>(job.chunk, job.slice.end() - next[issuing]));
       if (!asked.empty() && on_the_wire + len > window) break;
       // A pull into memory names where its answer lands: read there once.
-      const auto landing = job.memory.empty() ? std::span<std::byte>{} : job.memory.subspan(next[issuing], len);
+      const auto landing = job.memory.empty() ? std::span<std::byte>{}
+                                              : job.memory.subspan(next[issuing] - job.slice.offset, len);
       asked.push_back(
           Asked{link->send(Pull{job.lease, next[issuing], len}, landing, next[issuing]), issuing, next[issuing], len});
       next[issuing] += len;
@@ -179,7 +190,7 @@ asio::awaitable<std::vector<Result<void>>> Consumer::State::pull_objects(std::ve
       continue;
     }
     received[pull.job] += pull.len;
-    if (config.on_progress) config.on_progress(received[pull.job], jobs[pull.job].size);
+    if (config.on_progress) config.on_progress(received[pull.job], jobs[pull.job].slice.length);
   }
   // Answers still being read into the jobs' memory finish before it goes.
   co_await link->landings_settled();
@@ -204,7 +215,7 @@ Result<void> Consumer::State::take_chunk(std::uint64_t offset, std::uint32_t len
   if (job.memory.empty()) {
     written = job.write(offset, data->bytes);
   } else {
-    std::memcpy(job.memory.data() + offset, data->bytes.data(), len);
+    std::memcpy(job.memory.data() + (offset - job.slice.offset), data->bytes.data(), len);
   }
   link->recycle(std::move(data->bytes));
   return written;
@@ -264,14 +275,15 @@ asio::awaitable<std::optional<Error>> Consumer::State::run_transfer(const StartT
 }
 
 asio::awaitable<Result<void>> Consumer::State::read_remote(const std::vector<std::byte>& descriptor_bytes,
-                                                           std::uint64_t len, RegionGuard& guard,
+                                                           std::uint64_t len, Slice part, RegionGuard& guard,
                                                            std::uint64_t offset) {
   CORMA_CO_TRY(auto remote, decode_descriptor(descriptor_bytes));
   if (remote.len != len) co_return fail(errc::protocol, "descriptor length differs from what was granted");
   if (!peer) co_return fail(errc::peer_unreachable, "no RDMA peer for this owner");
+  if (part.length == 0) co_return success();  // nothing of it is wanted
   std::optional<Result<void>> got;
   const StartTransfer start = [&](asio::cancellation_slot slot, std::function<void()> answered) {
-    guard.async_get(*peer, remote, TransferRange{offset, 0, len},
+    guard.async_get(*peer, remote, TransferRange{offset, part.offset, part.length},
                     asio::bind_cancellation_slot(
                         slot, asio::bind_executor(executor, [&got, answered = std::move(answered)](Result<void> r) {
                           got = std::move(r);
@@ -285,23 +297,36 @@ asio::awaitable<Result<void>> Consumer::State::read_remote(const std::vector<std
   co_return std::move(*got);
 }
 
-asio::awaitable<Result<void>> Consumer::State::read_windows(const RdmaWindow& first, RegionGuard& guard,
-                                                            std::uint64_t base, const ChunkSink& sink,
-                                                            std::uint32_t& windows) {
+asio::awaitable<Result<void>> Consumer::State::read_windows(const RdmaWindow& first, Slice slice,
+                                                            RegionGuard& guard, std::uint64_t base,
+                                                            const ChunkSink& sink, std::uint32_t& windows) {
+  if (slice.length == 0) co_return success();
   RdmaWindow window = first;
+  // A version 5 owner moves a window past bytes nobody asked for; an older
+  // one only to where the current window ends.
+  const bool skips = version >= generation_protocol_version;
   for (std::uint64_t expected = 0;;) {
-    if (window.lease != first.lease || window.size != first.size || window.offset != expected) {
+    if (window.lease != first.lease || window.size != first.size || window.offset != expected ||
+        window.generation != first.generation) {
       co_return fail(errc::protocol, "owner lent a window other than the next one");
     }
-    CORMA_CO_TRY(co_await read_remote(window.descriptor, window.window_len, guard, base + window.offset));
-    ++windows;
-    if (sink) {
-      CORMA_CO_TRY(sink(window.offset, guard.bytes().subspan(base + window.offset, window.window_len)));
+    const auto window_end = window.offset + window.window_len;
+    // The part of this window the slice wants, in the object.
+    const auto from = std::max(window.offset, slice.offset);
+    const auto to = std::min(window_end, slice.end());
+    if (from < to) {
+      const Slice part{from - window.offset, to - from};
+      CORMA_CO_TRY(co_await read_remote(window.descriptor, window.window_len, part, guard,
+                                        base + (from - slice.offset)));
+      ++windows;
+      if (sink) {
+        CORMA_CO_TRY(sink(from, guard.bytes().subspan(base + (from - slice.offset), to - from)));
+      }
+      if (config.on_progress) config.on_progress(to - slice.offset, slice.length);
     }
-    expected = window.offset + window.window_len;
-    if (config.on_progress) config.on_progress(expected, window.size);
-    if (expected >= window.size) co_return success();
+    if (window_end >= slice.end()) co_return success();
     if (co_await cancelled_here()) co_return fetch_cancelled("between two windows");
+    expected = skips ? std::max(window_end, slice.offset) : window_end;
     NextWindow next{window.lease, expected};
     CORMA_CO_TRY(auto reply, co_await request(next));
     auto* lent = std::get_if<RdmaWindow>(&reply);
@@ -362,7 +387,8 @@ asio::awaitable<Result<std::span<std::byte>>> Consumer::State::span_to_fill(cons
   co_return into;
 }
 
-asio::awaitable<Result<FetchOutcome>> Consumer::State::fetch(std::string name, const Destination& destination) {
+asio::awaitable<Result<FetchOutcome>> Consumer::State::fetch(std::string name, const Destination& destination,
+                                                             ByteRange range) {
   CORMA_CO_TRY(check_object_name(name));
   Acquire acquire{name, peer.has_value()};
   CORMA_CO_TRY(auto reply, co_await request(std::move(acquire)));
@@ -392,27 +418,42 @@ asio::awaitable<Result<FetchOutcome>> Consumer::State::fetch(std::string name, c
   }
   const auto* grant = std::get_if<RdmaGrant>(&reply);
   const auto* window = std::get_if<RdmaWindow>(&reply);
+  fetched.generation = generation_of(reply);
   // Renewed with the connection's other leases until it is released.
   const auto kept = leases->keep(lease, lease_timeout_ms);
   if (co_await cancelled_here()) {
     (void)co_await release(lease);
     co_return fetch_cancelled("after the owner granted it");
   }
+  auto sliced = slice_of(range, fetched.size);
+  if (!sliced) {
+    (void)co_await release(lease);
+    co_return std::move(sliced).error();
+  }
+  const Slice slice = sliced.value();
+  fetched.offset = slice.offset;
+  fetched.length = slice.length;
   // A streamed chunked fetch needs no memory of its own.
   Result<std::span<std::byte>> into = std::span<std::byte>{};
-  const bool rdma_granted = grant != nullptr || window != nullptr;
+  const bool rdma_granted = (grant != nullptr || window != nullptr) && slice.length > 0;
   if (!destination.sink || rdma_granted || destination.chunks_to_memory) {
-    into = co_await span_to_fill(destination, lease, fetched.size);
+    into = co_await span_to_fill(destination, lease, slice.length);
     if (!into) co_return std::move(into).error();
   }
+  if (slice.length == 0) {
+    // Nothing to move: the lease said the object's size and goes back.
+    CORMA_CO_TRY(co_await release(lease));
+    fetched.path = fetched.reason ? Path::chunked : Path::rdma;
+    co_return fetched;
+  }
 
-  if (grant != nullptr || window != nullptr) {
+  if (rdma_granted) {
     // Windows go to the sink one by one as they land; a whole grant after
     // (unless they landed where they belong).
     ChunkSink rdma_sink = destination.rdma_lands_for_good ? ChunkSink{} : destination.sink;
     const ReadInto read = [&](RegionGuard& guard, std::uint64_t base) {
-      return grant != nullptr ? read_remote(grant->descriptor, grant->size, guard, base)
-                              : read_windows(*window, guard, base, rdma_sink, fetched.windows);
+      return grant != nullptr ? read_remote(grant->descriptor, grant->size, slice, guard, base)
+                              : read_windows(*window, slice, guard, base, rdma_sink, fetched.windows);
     };
     // (Not a conditional expression: g++ 12 mishandles co_await inside one.)
     Result<void> got = success();
@@ -431,8 +472,8 @@ asio::awaitable<Result<FetchOutcome>> Consumer::State::fetch(std::string name, c
         // The caller's landing cannot be registered (a NIC may refuse to
         // pin a file's shared mapping): the read lands in fresh memory
         // instead, handed to the sink as without a landing.
-        spare = OwnedBuffer::allocate(std::max<std::uint64_t>(fetched.size, 1));
-        into = spare.bytes().first(fetched.size);
+        spare = OwnedBuffer::allocate(std::max<std::uint64_t>(slice.length, 1));
+        into = spare.bytes().first(slice.length);
         rdma_sink = destination.sink;
         keep_until = &keep_spare;
         guard = co_await registry->async_register(into.value(), Access::local, asio::use_awaitable);
@@ -443,7 +484,7 @@ asio::awaitable<Result<FetchOutcome>> Consumer::State::fetch(std::string name, c
         got = std::move(guard).error();
       }
     }
-    if (got && rdma_sink && grant != nullptr) got = rdma_sink(0, into.value().first(fetched.size));
+    if (got && rdma_sink && grant != nullptr) got = rdma_sink(slice.offset, into.value().first(slice.length));
     // The owner let the lease lapse during the read: the bytes may have
     // been let go meanwhile, and no chunks can follow on it.
     if (auto lapsed = kept.lost()) {
@@ -451,7 +492,7 @@ asio::awaitable<Result<FetchOutcome>> Consumer::State::fetch(std::string name, c
       co_return std::move(*lapsed);
     }
     if (got) {
-      if (config.on_progress && grant != nullptr) config.on_progress(fetched.size, fetched.size);
+      if (config.on_progress && grant != nullptr) config.on_progress(slice.length, slice.length);
       fetched.path = Path::rdma;
       CORMA_CO_TRY(co_await release(lease));
       ++stats.decisions.rdma;
@@ -470,14 +511,14 @@ asio::awaitable<Result<FetchOutcome>> Consumer::State::fetch(std::string name, c
     fetched.failure = got.error().message();
     ++stats.fallbacks;
     if (destination.registered == nullptr && !destination.sink) {
-      into = co_await span_to_fill(destination, lease, fetched.size);
+      into = co_await span_to_fill(destination, lease, slice.length);
       if (!into) co_return std::move(into).error();
     }
   }
   // Streamed to the sink, or read straight into the destination's memory.
   // (After a failed RDMA read, memory the read was given is not used again:
   // a sink's fallback goes to the sink.)
-  PullJob job{lease, fetched.size, chunk, destination.sink, {}};
+  PullJob job{lease, slice, chunk, destination.sink, {}};
   if (!destination.sink || (destination.chunks_to_memory && !rdma_granted)) job.memory = into.value();
   auto pulled = co_await pull_all(std::move(job));
   if (!pulled) {

@@ -42,6 +42,16 @@ inline constexpr std::uint32_t fallback_chunk = 256 * 1024;
 /// Whether the fetch running on this coroutine thread has been cancelled.
 [[nodiscard]] boost::asio::awaitable<bool> cancelled_here();
 
+/// The bytes of an object a fetch reads: [offset, end()).
+struct Slice {
+  std::uint64_t offset = 0;
+  std::uint64_t length = 0;
+  [[nodiscard]] std::uint64_t end() const noexcept { return offset + length; }
+};
+/// The slice `range` names in an object of `size` bytes, or `out_of_range`
+/// when it does not lie within it: the one rule of every entry point.
+[[nodiscard]] Result<Slice> slice_of(const ByteRange& range, std::uint64_t size);
+
 }  // namespace rendezvous
 
 struct Consumer::State {
@@ -108,12 +118,12 @@ struct Consumer::State {
 
   // ---- the chunked path ---------------------------------------------------------
 
-  /// One object of pull_objects: its lease, size, chunk size, and where its
-  /// bytes go: read straight into `memory` (the object's size) when it is
-  /// given, else handed to `write` chunk by chunk.
+  /// One object of pull_objects: its lease, the bytes to read, the chunk
+  /// size, and where the bytes go: read straight into `memory` (the slice's
+  /// length) when it is given, else handed to `write` chunk by chunk.
   struct PullJob {
     std::uint64_t lease;
-    std::uint64_t size;
+    rendezvous::Slice slice;
     std::uint32_t chunk;
     ChunkSink write;
     std::span<std::byte> memory;
@@ -150,15 +160,18 @@ struct Consumer::State {
   /// Returns why it was stopped, or nothing.
   Awaitable<std::optional<Error>> run_transfer(const StartTransfer& start);
 
-  /// Gets the `len` bytes a descriptor names into `guard` at `offset`.
+  /// Gets `part` of the `len` bytes a descriptor names (offsets within
+  /// them) into `guard` at `offset`.
   Awaitable<Result<void>> read_remote(const std::vector<std::byte>& descriptor, std::uint64_t len,
-                                      RegionGuard& guard, std::uint64_t offset);
-  /// Reads an object lent in windows into `guard` at `base`: each window
-  /// where it belongs, then the next one asked for, until the object is
-  /// whole; `sink` (may be empty) is handed each window as it lands.
-  /// `windows` counts the windows read.
-  Awaitable<Result<void>> read_windows(const rendezvous::RdmaWindow& first, RegionGuard& guard, std::uint64_t base,
-                                       const ChunkSink& sink, std::uint32_t& windows);
+                                      rendezvous::Slice part, RegionGuard& guard, std::uint64_t offset);
+  /// Reads `slice` of an object lent in windows into `guard` at `base`: the
+  /// part of each window within it where it belongs, then the next window
+  /// asked for (skipping to the slice's start with a version 5 owner), until
+  /// the slice is whole; `sink` (may be empty) is handed each part as it
+  /// lands. `windows` counts the windows read.
+  Awaitable<Result<void>> read_windows(const rendezvous::RdmaWindow& first, rendezvous::Slice slice,
+                                       RegionGuard& guard, std::uint64_t base, const ChunkSink& sink,
+                                       std::uint32_t& windows);
   /// A read into a registered region, at `base` in it.
   using ReadInto = std::function<Awaitable<Result<void>>(RegionGuard& guard, std::uint64_t base)>;
   /// `read` into `guard`, memory registered for it alone (at its start),
@@ -196,8 +209,9 @@ struct Consumer::State {
     bool chunks_to_memory = false;
   };
 
-  /// One object, RDMA first and chunked exactly once on its failure.
-  Awaitable<Result<FetchOutcome>> fetch(std::string name, const Destination& destination);
+  /// One object (or `range` of it), RDMA first and chunked exactly once on
+  /// its failure.
+  Awaitable<Result<FetchOutcome>> fetch(std::string name, const Destination& destination, ByteRange range = {});
   /// Many objects into slots of registered regions (fetch_many.cpp).
   Awaitable<ManyFetched> fetch_many(std::vector<std::string> names, std::vector<FetchSlot> slots);
 

@@ -31,6 +31,7 @@ struct Leased {
   const RdmaGrant* rdma = nullptr;  ///< the grant, while an RDMA read is still to be tried
   const RdmaWindow* window = nullptr;  ///< the first window of an object lent in windows
   FetchOutcome outcome;
+  Slice slice;                      ///< the bytes of it its slot asks for
   std::optional<Error> failed;      ///< set once the object has failed
   bool needs_chunks = false;
 };
@@ -86,7 +87,7 @@ class ManyFetch {
       if (co_await cancelled_here()) break;
       const auto i = pending_[next_];
       const auto destination = registered_destination(*slots_[i].region, slots_[i].offset, slots_[i].capacity);
-      outcomes_[i] = co_await s_.fetch(names_[i], destination);
+      outcomes_[i] = co_await s_.fetch(names_[i], destination, slots_[i].range);
     }
     fail_rest(fetch_cancelled("before its turn"));
   }
@@ -194,11 +195,17 @@ class ManyFetch {
         object.outcome.size = rdma.size;
         batch.kept.push_back(s_.leases->keep(rdma.lease, rdma.lease_timeout_ms));
       }
-      if (object.outcome.size > slots_[i].capacity) {
-        object.failed = Error{errc::out_of_range, "object of " + std::to_string(object.outcome.size) +
+      object.outcome.generation = grant_generation(grant);
+      // Leased all the same when the range or the slot is wrong: released with the rest.
+      if (auto sliced = slice_of(slots_[i].range, object.outcome.size); !sliced) {
+        object.failed = std::move(sliced).error();
+      } else if (object.slice = sliced.value(); object.slice.length > slots_[i].capacity) {
+        object.failed = Error{errc::out_of_range, "object of " + std::to_string(object.slice.length) +
                                                       " bytes does not fit its " +
                                                       std::to_string(slots_[i].capacity) + "-byte destination"};
       }
+      object.outcome.offset = object.slice.offset;
+      object.outcome.length = object.slice.length;
       batch.leased.push_back(std::move(object));
     }
   }
@@ -219,8 +226,8 @@ class ManyFetch {
       }
       const auto& slot = slots_[object.index];
       chunked.push_back(&object);
-      jobs.push_back(Consumer::State::PullJob{object.lease, object.outcome.size, object.chunk, {},
-                                              slot.region->bytes().subspan(slot.offset, object.outcome.size)});
+      jobs.push_back(Consumer::State::PullJob{object.lease, object.slice, object.chunk, {},
+                                              slot.region->bytes().subspan(slot.offset, object.slice.length)});
     }
     if (jobs.empty()) co_return;
     auto pulled = co_await s_.pull_objects(std::move(jobs));
@@ -247,6 +254,11 @@ class ManyFetch {
         continue;
       }
       if (object.rdma == nullptr) continue;
+      if (object.slice.length == 0) {  // nothing of it to read
+        object.rdma = nullptr;
+        object.outcome.path = Path::rdma;
+        continue;
+      }
       auto get = co_await batched_get(object, keys_in_use);
       if (!get) {
         object.needs_chunks = true;
@@ -306,7 +318,7 @@ class ManyFetch {
       co_return;
     }
     const auto& slot = slots_[object.index];
-    auto got = co_await s_.read_windows(*first, *slot.region, slot.offset, {}, object.outcome.windows);
+    auto got = co_await s_.read_windows(*first, object.slice, *slot.region, slot.offset, {}, object.outcome.windows);
     if (got) {
       object.outcome.path = Path::rdma;
     } else if (s_.lost() || got.error().is(errc::cancelled)) {
@@ -331,7 +343,8 @@ class ManyFetch {
     keys_in_use.push_back(std::move(key.hold));
     remote.packed_key.clear();  // the imported key names it
     const auto& slot = slots_[object.index];
-    co_return BatchedGet{slot.region, std::move(remote), TransferRange{slot.offset, 0, object.outcome.size}, key.key};
+    co_return BatchedGet{slot.region, std::move(remote),
+                         TransferRange{slot.offset, object.slice.offset, object.slice.length}, key.key};
   }
 
   /// Hands a batch's leases back in one request (its answer is read by

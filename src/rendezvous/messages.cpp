@@ -75,16 +75,42 @@ void put_lease_terms(Writer& out, std::uint64_t lease, std::uint64_t size, std::
 
 void put_descriptor(Writer& out, const std::vector<std::byte>& descriptor) { put_blob(out, descriptor, "descriptor"); }
 
-void put_payload(Writer& out, const RdmaGrant& m) {
+/// Version 5's generation, after a message's own fields: written only when
+/// the message carries one (fit_to_version drops it for older sessions).
+void put_generation(Writer& out, const Generation& generation) {
+  if (generation) out.u64(*generation);
+}
+
+// An acquire answer's fields, without the generation: in `granted` the
+// generations follow all the answers.
+void put_fields(Writer& out, const RdmaGrant& m) {
   put_lease_terms(out, m.lease, m.size, m.lease_timeout_ms);
   put_descriptor(out, m.descriptor);
 }
 
-void put_payload(Writer& out, const RdmaWindow& m) {
+void put_fields(Writer& out, const RdmaWindow& m) {
   put_lease_terms(out, m.lease, m.size, m.lease_timeout_ms);
   out.u64(m.offset);
   out.u64(m.window_len);
   put_descriptor(out, m.descriptor);
+}
+
+void put_fields(Writer& out, const Chunked& m) {
+  out.u64(m.lease);
+  out.u64(m.size);
+  out.u32(m.chunk_size);
+  out.u32(m.lease_timeout_ms);
+  out.u8(static_cast<std::uint8_t>(m.reason));
+}
+
+void put_payload(Writer& out, const RdmaGrant& m) {
+  put_fields(out, m);
+  put_generation(out, m.generation);
+}
+
+void put_payload(Writer& out, const RdmaWindow& m) {
+  put_fields(out, m);
+  put_generation(out, m.generation);
 }
 
 void put_payload(Writer& out, const NextWindow& m) {
@@ -93,11 +119,8 @@ void put_payload(Writer& out, const NextWindow& m) {
 }
 
 void put_payload(Writer& out, const Chunked& m) {
-  out.u64(m.lease);
-  out.u64(m.size);
-  out.u32(m.chunk_size);
-  out.u32(m.lease_timeout_ms);
-  out.u8(static_cast<std::uint8_t>(m.reason));
+  put_fields(out, m);
+  put_generation(out, m.generation);
 }
 
 void put_payload(Writer&, const NotFound&) {}
@@ -148,11 +171,20 @@ constexpr MessageType grant_types[] = {MessageType::rdma_grant, MessageType::chu
                                        MessageType::error, MessageType::rdma_window};
 static_assert(std::size(grant_types) == std::variant_size_v<Grant>);
 
+void put_fields(Writer& out, const NotFound& m) { put_payload(out, m); }
+void put_fields(Writer& out, const ErrorReply& m) { put_payload(out, m); }
+
 void put_payload(Writer& out, const Granted& m) {
   put_batch_count(out, m.grants.size(), "granted answers");
+  bool generations = false;
   for (const auto& grant : m.grants) {
     out.u8(static_cast<std::uint8_t>(grant_types[grant.index()]));
-    std::visit([&out](const auto& answer) { put_payload(out, answer); }, grant);
+    std::visit([&out](const auto& answer) { put_fields(out, answer); }, grant);
+    generations = generations || grant_generation(grant).has_value();
+  }
+  // One per answer (0 for not_found and error) when any answer has one.
+  if (generations) {
+    for (const auto& grant : m.grants) out.u64(grant_generation(grant).value_or(0));
   }
 }
 
@@ -179,7 +211,10 @@ void put_payload(Writer& out, const Push& m) {
   put_descriptor(out, m.landing);
 }
 
-void put_payload(Writer& out, const Pushed& m) { out.u64(m.size); }
+void put_payload(Writer& out, const Pushed& m) {
+  out.u64(m.size);
+  put_generation(out, m.generation);
+}
 
 void put_payload(Writer&, const Heartbeat&) {}
 
@@ -261,7 +296,16 @@ Result<std::vector<std::byte>> get_descriptor(Reader& in, std::string_view messa
   return in.byte_vector(len, field);
 }
 
-Result<RdmaGrant> get_rdma_grant(Reader& in) {
+/// Version 5's generation after a frame's own fields: present when exactly
+/// its 8 bytes are left (a frame's other trailing bytes stay malformed).
+Result<Generation> get_generation(Reader& in) {
+  if (in.remaining() != 8) return Generation{};
+  CORMA_TRY(auto generation, in.u64("generation"));
+  if (generation == 0) return fail(errc::protocol, "generation 0");
+  return Generation{generation};
+}
+
+Result<RdmaGrant> get_rdma_grant_fields(Reader& in) {
   RdmaGrant m;
   CORMA_TRY(m.lease, in.u64("rdma_grant lease"));
   CORMA_TRY(m.size, in.u64("rdma_grant size"));
@@ -270,7 +314,7 @@ Result<RdmaGrant> get_rdma_grant(Reader& in) {
   return m;
 }
 
-Result<RdmaWindow> get_rdma_window(Reader& in) {
+Result<RdmaWindow> get_rdma_window_fields(Reader& in) {
   RdmaWindow m;
   CORMA_TRY(m.lease, in.u64("rdma_window lease"));
   CORMA_TRY(m.size, in.u64("rdma_window size"));
@@ -285,6 +329,17 @@ Result<RdmaWindow> get_rdma_window(Reader& in) {
   return m;
 }
 
+/// A frame that is an acquire answer: its fields, then its generation.
+template <class Answer>
+Result<Answer> with_generation(Result<Answer> fields, Reader& in) {
+  if (!fields) return fields;
+  CORMA_TRY(fields.value().generation, get_generation(in));
+  return fields;
+}
+
+Result<RdmaGrant> get_rdma_grant(Reader& in) { return with_generation(get_rdma_grant_fields(in), in); }
+Result<RdmaWindow> get_rdma_window(Reader& in) { return with_generation(get_rdma_window_fields(in), in); }
+
 Result<NextWindow> get_next_window(Reader& in) {
   NextWindow m;
   CORMA_TRY(m.lease, in.u64("next_window lease"));
@@ -292,7 +347,7 @@ Result<NextWindow> get_next_window(Reader& in) {
   return m;
 }
 
-Result<Chunked> get_chunked(Reader& in) {
+Result<Chunked> get_chunked_fields(Reader& in) {
   Chunked m;
   CORMA_TRY(m.lease, in.u64("chunked lease"));
   CORMA_TRY(m.size, in.u64("chunked size"));
@@ -307,6 +362,8 @@ Result<Chunked> get_chunked(Reader& in) {
   m.reason = static_cast<ChunkedReason>(reason);
   return m;
 }
+
+Result<Chunked> get_chunked(Reader& in) { return with_generation(get_chunked_fields(in), in); }
 
 Result<Pull> get_pull(Reader& in) {
   Pull m;
@@ -385,11 +442,11 @@ Result<Grant> get_grant(Reader& in) {
   CORMA_TRY(auto type, in.u8("granted answer type"));
   switch (static_cast<MessageType>(type)) {
     case MessageType::rdma_grant: {
-      CORMA_TRY(auto grant, get_rdma_grant(in));
+      CORMA_TRY(auto grant, get_rdma_grant_fields(in));
       return Grant{std::move(grant)};
     }
     case MessageType::chunked: {
-      CORMA_TRY(auto chunked, get_chunked(in));
+      CORMA_TRY(auto chunked, get_chunked_fields(in));
       return Grant{chunked};
     }
     case MessageType::not_found: return Grant{NotFound{}};
@@ -398,7 +455,7 @@ Result<Grant> get_grant(Reader& in) {
       return Grant{std::move(error)};
     }
     case MessageType::rdma_window: {
-      CORMA_TRY(auto window, get_rdma_window(in));
+      CORMA_TRY(auto window, get_rdma_window_fields(in));
       return Grant{std::move(window)};
     }
     default: return fail(errc::protocol, "granted answer of type " + std::to_string(type) + " is not an acquire answer");
@@ -412,6 +469,22 @@ Result<Granted> get_granted(Reader& in) {
   for (std::size_t i = 0; i < count; ++i) {
     CORMA_TRY(auto grant, get_grant(in));
     m.grants.push_back(std::move(grant));
+  }
+  // Version 5: one generation per answer after them all.
+  if (in.remaining() != count * 8) return m;
+  for (auto& grant : m.grants) {
+    CORMA_TRY(auto generation, in.u64("granted generation"));
+    const bool lends = std::holds_alternative<RdmaGrant>(grant) || std::holds_alternative<Chunked>(grant) ||
+                       std::holds_alternative<RdmaWindow>(grant);
+    if (lends != (generation != 0)) {
+      return fail(errc::protocol, "granted generation " + std::to_string(generation) + " for an answer that " +
+                                      (lends ? "lends an object" : "lends nothing"));
+    }
+    std::visit(
+        [generation](auto& answer) {
+          if constexpr (requires { answer.generation; }) answer.generation = generation;
+        },
+        grant);
   }
   return m;
 }
@@ -481,6 +554,7 @@ Result<Push> get_push(Reader& in) {
 Result<Pushed> get_pushed(Reader& in) {
   Pushed m;
   CORMA_TRY(m.size, in.u64("pushed size"));
+  CORMA_TRY(m.generation, get_generation(in));
   return m;
 }
 
@@ -532,6 +606,40 @@ std::string_view type_name(MessageType type) noexcept {
 
 
 MessageType type_of(const Message& message) noexcept { return types_in_order[message.index()]; }
+
+namespace {
+
+/// An answer's generation field, for the answers that have one.
+template <class Answer>
+Generation generation_field(const Answer& answer) noexcept {
+  if constexpr (requires { answer.generation; }) {
+    return answer.generation;
+  } else {
+    return std::nullopt;
+  }
+}
+
+}  // namespace
+
+Generation grant_generation(const Grant& grant) noexcept {
+  return std::visit([](const auto& answer) { return generation_field(answer); }, grant);
+}
+
+Generation generation_of(const Message& message) noexcept {
+  return std::visit([](const auto& answer) { return generation_field(answer); }, message);
+}
+
+void fit_to_version(Message& message, std::uint16_t version) noexcept {
+  if (version >= generation_protocol_version) return;
+  auto drop = [](auto& m) {
+    if constexpr (requires { m.generation; }) m.generation.reset();
+  };
+  if (auto* granted = std::get_if<Granted>(&message)) {
+    for (auto& grant : granted->grants) std::visit(drop, grant);
+    return;
+  }
+  std::visit(drop, message);
+}
 
 namespace {
 

@@ -18,7 +18,7 @@ namespace corma::rendezvous {
 
 /// The version a consumer offers and an owner speaks; an owner also
 /// serves consumers of every version from oldest_protocol_version on.
-inline constexpr std::uint16_t protocol_version = 4;
+inline constexpr std::uint16_t protocol_version = 5;
 inline constexpr std::uint16_t oldest_protocol_version = 1;
 /// Version 2 adds the batch frames (acquire_many, granted, release_many,
 /// released_many), hello_ok's max_batch, and RDMA windows (rdma_window,
@@ -31,6 +31,11 @@ inline constexpr std::uint16_t push_protocol_version = 3;
 /// Version 4 adds the connection's heartbeat (heartbeat, heartbeat_ok):
 /// one frame keeps every lease of the connection alive.
 inline constexpr std::uint16_t heartbeat_protocol_version = 4;
+/// Version 5 adds the generation of what an answer lends or writes (which
+/// version of the object): a u64 after the fields of rdma_grant, chunked,
+/// rdma_window and pushed, and in `granted` one per answer after the
+/// answers. An owner sends it to version 5 sessions only (fit_to_version).
+inline constexpr std::uint16_t generation_protocol_version = 5;
 /// u32 body length, u8 type, u8 reserved, u16 reserved, u64 request id.
 inline constexpr std::size_t frame_header_size = 16;
 /// Bytes after the length prefix of the fixed header.
@@ -114,11 +119,16 @@ struct Acquire {
   std::string name;
   bool wants_rdma = false;
 };
+/// Version 5: which version of the object an answer lends or writes, a
+/// number the owner gives each publication and each version its resolver
+/// finds (never 0 on the wire). Absent for older sessions.
+using Generation = std::optional<std::uint64_t>;
 struct RdmaGrant {
   std::uint64_t lease = 0;
   std::uint64_t size = 0;
   std::uint32_t lease_timeout_ms = 0;
   std::vector<std::byte> descriptor;  ///< an encoded descriptor (corma/descriptor.hpp)
+  Generation generation{};
 };
 struct Chunked {
   std::uint64_t lease = 0;
@@ -126,6 +136,7 @@ struct Chunked {
   std::uint32_t chunk_size = 0;
   std::uint32_t lease_timeout_ms = 0;
   ChunkedReason reason = ChunkedReason::no_offer;
+  Generation generation{};
 };
 struct NotFound {};
 struct Pull {
@@ -167,9 +178,11 @@ struct RdmaWindow {
   std::uint64_t offset = 0;        ///< where the window starts in the object
   std::uint64_t window_len = 0;    ///< > 0; the descriptor's length
   std::vector<std::byte> descriptor;
+  Generation generation{};         ///< the lease's, in every window
 };
-/// Version 2: moves a windowed lease's window to start at `offset`, the end
-/// of the current one (windows only move forward).
+/// Version 2: moves a windowed lease's window to start at `offset`: the end
+/// of the current one, or further on (windows only move forward; a consumer
+/// reading a byte range of the object skips to it).
 struct NextWindow {
   std::uint64_t lease = 0;
   std::uint64_t offset = 0;
@@ -226,6 +239,7 @@ struct Push {
 /// Owner → consumer: the object's `size` bytes are at the landing's start.
 struct Pushed {
   std::uint64_t size = 0;
+  Generation generation{};
 };
 /// Consumer → owner (version 4): every lease this connection holds is
 /// renewed. Answered `heartbeat_ok`.
@@ -237,10 +251,12 @@ struct HeartbeatOk {
   std::uint32_t lease_timeout_ms = 0;
 };
 
-/// The largest encoding of one answer in `granted` (a grant with the
-/// largest descriptor), and so the most answers a `granted` frame of
-/// default_max_frame_body always holds: an owner never announces more.
-inline constexpr std::size_t max_grant_size = 1 + 8 + 8 + 4 + 8 + 8 + 4 + descriptor_header_size + max_packed_key_size;
+/// The largest encoding of one answer in `granted` (a window with the
+/// largest descriptor, and its generation), and so the most answers a
+/// `granted` frame of default_max_frame_body always holds: an owner never
+/// announces more.
+inline constexpr std::size_t max_grant_size =
+    1 + 8 + 8 + 4 + 8 + 8 + 4 + descriptor_header_size + max_packed_key_size + 8;
 inline constexpr std::size_t max_grants_per_frame = (default_max_frame_body - frame_fixed_body - 2) / max_grant_size;
 static_assert(max_grants_per_frame >= 64 && max_grants_per_frame <= max_batch_objects);
 
@@ -262,6 +278,15 @@ struct Frame {
 };
 
 [[nodiscard]] MessageType type_of(const Message& message) noexcept;
+
+/// The generation an answer carries, if it is one that carries it (in a
+/// `granted`, see grant_generation).
+[[nodiscard]] Generation generation_of(const Message& message) noexcept;
+[[nodiscard]] Generation grant_generation(const Grant& grant) noexcept;
+/// Drops from `message` what a session of `version` does not read (the
+/// generations, before version 5): answers are written as their reader's
+/// decoder expects them, and that decoder refuses trailing bytes.
+void fit_to_version(Message& message, std::uint16_t version) noexcept;
 
 /// The whole frame: length prefix, fixed header, payload.
 [[nodiscard]] std::vector<std::byte> encode_frame(const Frame& frame);

@@ -31,7 +31,7 @@ Owner::~Owner() { stop(); }
 void Owner::publish(std::string name, PublishedObject object) {
   // New bytes under an old name: the old export must not be handed out again.
   state_->forget_export(name);
-  state_->publications[name] = ++state_->last_publication;
+  state_->publications[name] = ++state_->last_generation;
   state_->published[std::move(name)] = std::move(object);
 }
 

@@ -144,9 +144,11 @@ asio::awaitable<Message> Owner::State::next_window(std::uint64_t session, NextWi
     co_return error_reply(Error{errc::out_of_range, "this lease is not lent in windows"});
   }
   const auto size = lease->object.bytes.size();
-  if (request.offset != lease->window_end || request.offset >= size) {
+  // Forward only: the next window starts where the current one ends, or
+  // further on (a consumer reading a byte range skips what it does not need).
+  if (request.offset < lease->window_end || request.offset >= size) {
     ++stats.refused_requests;
-    co_return error_reply(Error{errc::out_of_range, "windows move forward: the next one starts at " +
+    co_return error_reply(Error{errc::out_of_range, "windows move forward: the next one starts at or after " +
                                                         std::to_string(lease->window_end) + " of " +
                                                         std::to_string(size)});
   }
@@ -174,7 +176,8 @@ asio::awaitable<Message> Owner::State::next_window(std::uint64_t session, NextWi
                        static_cast<std::uint32_t>(config.lease_timeout.count()),
                        request.offset,
                        lease->exported->guard.size(),
-                       lease->exported->descriptor};
+                       lease->exported->descriptor,
+                       lease->generation};
 }
 
 }  // namespace corma

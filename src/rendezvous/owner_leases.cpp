@@ -83,7 +83,7 @@ Owner::State::PreparedAcquire Owner::State::prepare_acquire(std::uint64_t sessio
     ++stats.refused_requests;
     return error_reply(*refused);
   }
-  PendingAcquire pending{Lease{session, request.name, {}, std::nullopt, nullptr, {}},
+  PendingAcquire pending{Lease{session, request.name, {}, std::nullopt, 0, nullptr, {}},
                          published.contains(request.name),
                          windows,
                          nullptr,
@@ -114,6 +114,7 @@ Owner::State::PreparedAcquire Owner::State::decide(PendingAcquire pending, Resul
   if (auto it = publications.find(lease.name); it != publications.end() && pending.cacheable) {
     lease.publication = it->second;
   }
+  lease.generation = lease.publication ? *lease.publication : resolved_generation(lease.name, lease.object);
   if (draining) return grant_lease(std::move(lease), ChunkedReason::draining);
   if (!pending.wants_rdma || !pending.rdma_peer) return grant_lease(std::move(lease), ChunkedReason::no_offer);
   if (size < config.rdma_threshold) return grant_lease(std::move(lease), ChunkedReason::below_threshold);
@@ -124,6 +125,26 @@ Owner::State::PreparedAcquire Owner::State::decide(PendingAcquire pending, Resul
   if (!pending.under_way) pending.under_way = std::make_unique<AcquireUnderWay>(*this, lease.session);
   pending.unresolved = false;
   return pending;
+}
+
+std::uint64_t Owner::State::resolved_generation(const std::string& name, const PublishedObject& object) {
+  const auto same_version = [&object](const ResolvedVersion& known) {
+    // The same owner of the bytes, alive: compared by control block, so a
+    // new keepalive at a freed one's address is never taken for it.
+    return object.keepalive && !known.keepalive.expired() && !known.keepalive.owner_before(object.keepalive) &&
+           !object.keepalive.owner_before(known.keepalive);
+  };
+  if (auto it = resolved_versions.find(name); it != resolved_versions.end() && same_version(it->second)) {
+    return it->second.generation;
+  }
+  const auto generation = ++last_generation;
+  if (!object.keepalive) return generation;
+  resolved_versions.insert_or_assign(name, ResolvedVersion{object.keepalive, generation});
+  if (resolved_versions.size() >= std::max<std::size_t>(2 * resolved_after_sweep, 64)) {
+    std::erase_if(resolved_versions, [](const auto& entry) { return entry.second.keepalive.expired(); });
+    resolved_after_sweep = resolved_versions.size();
+  }
+  return generation;
 }
 
 asio::awaitable<Result<PublishedObject>> Owner::State::resolve(std::string name) {
@@ -176,19 +197,21 @@ Grant Owner::State::grant_lease(Lease lease, std::optional<ChunkedReason> reason
   if (reason) {
     ++stats.decisions.chunked_by_reason[std::string(to_string(*reason))];
     lease.exported = nullptr;
+    const auto generation = lease.generation;
     add_lease(id, std::move(lease));
-    return Chunked{id, size, config.chunk_size, timeout_ms, *reason};
+    return Chunked{id, size, config.chunk_size, timeout_ms, *reason, generation};
   }
   ++stats.decisions.rdma;
   auto descriptor = lease.exported->descriptor;
+  const auto generation = lease.generation;
   if (lease.windowed) {
     ++windowed_leases;
     const auto window_len = lease.window_end;
     add_lease(id, std::move(lease));
-    return RdmaWindow{id, size, timeout_ms, 0, window_len, std::move(descriptor)};
+    return RdmaWindow{id, size, timeout_ms, 0, window_len, std::move(descriptor), generation};
   }
   add_lease(id, std::move(lease));
-  return RdmaGrant{id, size, timeout_ms, std::move(descriptor)};
+  return RdmaGrant{id, size, timeout_ms, std::move(descriptor), generation};
 }
 
 Result<PublishedObject> Owner::State::pull(std::uint64_t session, const Pull& request) {

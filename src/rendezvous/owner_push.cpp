@@ -134,6 +134,7 @@ asio::awaitable<Message> Owner::State::push(std::uint64_t session, Push request)
   }
   const bool published_here = published.contains(request.name);
   const auto publication = publication_of(request.name);
+  const auto generation = published_here ? publication : resolved_generation(request.name, object.value());
   auto backend = registry->backend();
   std::shared_ptr<Export> source;
   if (size > 0) {
@@ -175,7 +176,7 @@ asio::awaitable<Message> Owner::State::push(std::uint64_t session, Push request)
   }
   ++stats.pushes;
   stats.pushed_bytes += size;
-  co_return rendezvous::Pushed{size};
+  co_return rendezvous::Pushed{size, generation};
 }
 
 asio::awaitable<void> Owner::State::close_push_peer(std::uint64_t session) {

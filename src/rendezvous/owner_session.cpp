@@ -102,7 +102,7 @@ asio::awaitable<void> Owner::State::session(asio::ip::tcp::socket socket) {
   const auto& peer = greeting.peer;
   const Session session{session_id, peer.has_value(), greeting.version >= batch_protocol_version,
                         greeting.version >= push_protocol_version, greeting.version >= heartbeat_protocol_version};
-  AnswerQueue answers(*connection, config.io_timeout);
+  AnswerQueue answers(*connection, config.io_timeout, greeting.version);
   const auto in_flight = std::max<std::size_t>(config.max_requests_in_flight, 1);
   const auto names_in_flight = std::max<std::size_t>(config.max_names_in_flight, 1);
   for (std::uint64_t served = 1; greeting.ok && connection->is_open() && !answers.failed(); ++served) {

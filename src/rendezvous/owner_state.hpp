@@ -66,6 +66,10 @@ struct Lease {
   /// For published objects: the publication this lease reads. A release after
   /// the name was published again answers `object_changed`.
   std::optional<std::uint64_t> publication;
+  /// Which version of the object the lease reads (told to version 5
+  /// consumers): its publication, or the number given to the version the
+  /// resolver found (Owner::State::resolved_generation).
+  std::uint64_t generation = 0;
   std::shared_ptr<Export> exported;  // empty for chunked leases; the current window for windowed ones
   clock_type::time_point deadline;
   /// Lent in windows (protocol version 2): `exported` registers
@@ -124,7 +128,25 @@ struct Owner::State : std::enable_shared_from_this<State> {
   /// back with a number an old lease remembers). A lease remembers the one
   /// it read, so its release can tell whether the object changed meanwhile.
   std::map<std::string, std::uint64_t, std::less<>> publications;
-  std::uint64_t last_publication = 0;
+  /// Publications and resolved versions draw their generation from this one
+  /// counter, so a number never names two versions of one name.
+  std::uint64_t last_generation = 0;
+  /// The version of each name the resolver last found, known by its
+  /// keepalive (FileResolver's kept snapshot: the same one while the file
+  /// is unchanged), and the generation given to it. Swept of versions gone
+  /// when it has doubled, like `exports`.
+  struct ResolvedVersion {
+    std::weak_ptr<const void> keepalive;
+    std::uint64_t generation = 0;
+  };
+  std::map<std::string, ResolvedVersion, std::less<>> resolved_versions;
+  std::size_t resolved_after_sweep = 0;
+  /// The generation of what the resolver found for `name`: the one given
+  /// before when it is the same version (the same keepalive, still alive),
+  /// else a new one. A resolver whose answers carry no keepalive gets a new
+  /// generation per look-up: equal generations always mean the same bytes,
+  /// different ones only maybe different bytes.
+  std::uint64_t resolved_generation(const std::string& name, const PublishedObject& object);
   ObjectResolver resolver;
   /// Set instead of `resolver`: names are looked up off the event loop.
   AsyncObjectResolver async_resolver;
@@ -368,8 +390,8 @@ struct Owner::State : std::enable_shared_from_this<State> {
   Awaitable<Result<std::shared_ptr<Export>>> export_window(const PublishedObject& object, std::uint64_t offset,
                                                            std::size_t sharers);
 
-  /// Moves a windowed lease's window forward to start where the current one
-  /// ends: the current window is deregistered first (its bytes back in the
+  /// Moves a windowed lease's window forward, to start where the current one
+  /// ends or further on: the current window is deregistered first (its bytes back in the
   /// budget), then the next registered. Asked out of order, past the end,
   /// or on a lease not lent in windows, it is refused and the lease kept.
   Awaitable<Message> next_window(std::uint64_t session, NextWindow request);

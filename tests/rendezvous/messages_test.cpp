@@ -124,6 +124,26 @@ testing::AssertionResult round_trips(const Frame& frame) {
   return testing::AssertionSuccess();
 }
 
+/// Version 5's answers, each with the generation of what it lends or writes.
+std::vector<Frame> generation_samples() {
+  return {
+      {40, rv::RdmaGrant{11, 1 << 20, 30000, descriptor_bytes(), 7}},
+      {41, rv::Chunked{12, 999, 65536, 15000, rv::ChunkedReason::budget, std::numeric_limits<std::uint64_t>::max()}},
+      {42, rv::RdmaWindow{31, 10 << 20, 30000, 4 << 20, 4 << 20, descriptor_bytes(), 1}},
+      {43, rv::Pushed{1 << 20, 99}},
+      {44, rv::Granted{{rv::RdmaGrant{11, 1 << 20, 30000, descriptor_bytes(), 5}, rv::NotFound{},
+                        rv::Chunked{12, 999, 65536, 15000, rv::ChunkedReason::budget, 6},
+                        rv::ErrorReply{static_cast<std::uint16_t>(errc::budget_exceeded), "too many leases"},
+                        rv::RdmaWindow{32, 3 << 20, 1000, 0, 1 << 20, descriptor_bytes(), 8}}}},
+  };
+}
+
+/// The same frame as a session older than version 5 reads it.
+Frame without_generations(Frame frame) {
+  rv::fit_to_version(frame.message, rv::heartbeat_protocol_version);
+  return frame;
+}
+
 // ---- layout ----------------------------------------------------------------------
 
 TEST(FrameLayout, PullIsLittleEndianFixedWidthUnpadded) {
@@ -447,6 +467,79 @@ TEST(FrameRefusal, TrailingBytesAfterEveryType) {
     auto body = body_of(frame);
     body.push_back(std::byte{0});
     EXPECT_TRUE(refused(body)) << "request " << frame.request_id;
+  }
+}
+
+TEST(FrameRoundTrip, Version5AnswersCarryTheirGeneration) {
+  for (const auto& frame : generation_samples()) {
+    EXPECT_TRUE(round_trips(frame)) << "request " << frame.request_id;
+    if (!std::holds_alternative<rv::Granted>(frame.message)) {
+      EXPECT_TRUE(rv::generation_of(frame.message).has_value()) << "request " << frame.request_id;
+    }
+  }
+  auto decoded = rv::decode_frame_body(body_of(generation_samples().back()));
+  ASSERT_TRUE(decoded) << decoded.error().message();
+  const auto& grants = std::get<rv::Granted>(decoded.value().message).grants;
+  std::vector<std::optional<std::uint64_t>> generations;
+  for (const auto& grant : grants) generations.push_back(rv::grant_generation(grant));
+  EXPECT_EQ(generations, (std::vector<std::optional<std::uint64_t>>{5, std::nullopt, 6, std::nullopt, 8}));
+}
+
+TEST(FrameRoundTrip, AnOlderSessionIsWrittenNoGeneration) {
+  for (const auto& frame : generation_samples()) {
+    auto older = without_generations(frame);
+    EXPECT_FALSE(rv::generation_of(older.message).has_value());
+    // Exactly the generations are gone: 8 bytes per answer that lends.
+    const auto answers = std::holds_alternative<rv::Granted>(frame.message)
+                             ? std::get<rv::Granted>(frame.message).grants.size()
+                             : std::size_t{1};
+    EXPECT_EQ(rv::encode_frame(frame).size() - rv::encode_frame(older).size(), 8 * answers)
+        << "request " << frame.request_id;
+    EXPECT_TRUE(round_trips(older)) << "request " << frame.request_id;
+    auto same_version = frame;
+    rv::fit_to_version(same_version.message, rv::generation_protocol_version);
+    EXPECT_EQ(rv::encode_frame(same_version), rv::encode_frame(frame)) << "a version 5 session lost its generation";
+  }
+}
+
+TEST(FrameRefusal, AGenerationOfZeroOrForAnAnswerThatLendsNothing) {
+  // A single answer's generation is never 0.
+  auto zero = body_of({1, rv::RdmaGrant{11, 1 << 20, 30000, descriptor_bytes(), std::nullopt}});
+  append_le(zero, 0, 8);
+  EXPECT_TRUE(refused(zero));
+  // In `granted`: 0 for an answer that lends, or anything else for one that does not.
+  auto granted_zero = body_of({2, rv::Granted{{rv::RdmaGrant{11, 1 << 20, 30000, descriptor_bytes(), std::nullopt},
+                                               rv::NotFound{}}}});
+  append_le(granted_zero, 0, 8);
+  append_le(granted_zero, 0, 8);
+  EXPECT_TRUE(refused(granted_zero));
+  auto granted_not_found = body_of({3, rv::Granted{{rv::RdmaGrant{11, 1 << 20, 30000, descriptor_bytes(), std::nullopt},
+                                                    rv::NotFound{}}}});
+  append_le(granted_not_found, 4, 8);
+  append_le(granted_not_found, 4, 8);
+  EXPECT_TRUE(refused(granted_not_found));
+  // Fewer generations than answers are trailing bytes.
+  auto short_list = body_of({4, rv::Granted{{rv::RdmaGrant{11, 1 << 20, 30000, descriptor_bytes(), std::nullopt},
+                                             rv::NotFound{}}}});
+  append_le(short_list, 4, 8);
+  EXPECT_TRUE(refused(short_list));
+}
+
+TEST(FrameHostile, ATruncatedVersion5AnswerIsRefusedOrReadAsAnOlderOwnersAnswer) {
+  for (const auto& frame : generation_samples()) {
+    const auto bytes = rv::encode_frame(frame);
+    const auto body = std::span(bytes).subspan(4);
+    const auto older = body_of(without_generations(frame));
+    for (std::size_t n = 0; n < body.size(); ++n) {
+      if (n == older.size()) {
+        // Cut right before the generations: what an older owner sends.
+        auto decoded = rv::decode_frame_body(body.first(n));
+        ASSERT_TRUE(decoded) << decoded.error().message();
+        EXPECT_TRUE(corma::fuzz::same(decoded.value(), without_generations(frame)));
+        continue;
+      }
+      ASSERT_TRUE(refused(body.first(n))) << "request " << frame.request_id << ", body prefix of " << n;
+    }
   }
 }
 

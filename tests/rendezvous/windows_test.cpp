@@ -197,8 +197,6 @@ TEST_F(Windows, WindowsAskedOutOfOrderPastTheEndOrForeignAreRefusedAndTheLeaseKe
 
     auto backwards = message(rv::NextWindow{lease, 0});
     EXPECT_TRUE(is_error(co_await client.ask(std::move(backwards)), errc::out_of_range));
-    auto skipping = message(rv::NextWindow{lease, end + MiB});
-    EXPECT_TRUE(is_error(co_await client.ask(std::move(skipping)), errc::out_of_range));
     auto past_the_end = message(rv::NextWindow{lease, huge.size()});
     EXPECT_TRUE(is_error(co_await client.ask(std::move(past_the_end)), errc::out_of_range));
     auto unknown = message(rv::NextWindow{lease + 1000, end});
@@ -217,14 +215,41 @@ TEST_F(Windows, WindowsAskedOutOfOrderPastTheEndOrForeignAreRefusedAndTheLeaseKe
     auto not_windowed = message(rv::NextWindow{small_lease, 0});
     EXPECT_TRUE(is_error(co_await other.ask(std::move(not_windowed)), errc::out_of_range));
 
-    // The lease is intact: its next window comes where the first ended.
-    auto next = message(rv::NextWindow{lease, end});
-    auto moved = co_await client.ask(std::move(next));
+    // The lease is intact: its next window may start where the first ended
+    // or further on (a consumer reading a byte range skips ahead), and never
+    // goes back.
+    auto skipping = message(rv::NextWindow{lease, end + MiB});
+    auto moved = co_await client.ask(std::move(skipping));
     auto* second = moved ? std::get_if<rv::RdmaWindow>(&moved.value()) : nullptr;
-    EXPECT_TRUE(second != nullptr && second->offset == end && second->lease == lease);
+    EXPECT_TRUE(second != nullptr && second->offset == end + MiB && second->lease == lease);
     EXPECT_LE(owner_registry->stats().registered_bytes, 4 * MiB) << "the first window was let go";
+    auto back_to_where_the_first_ended = message(rv::NextWindow{lease, end});
+    EXPECT_TRUE(is_error(co_await client.ask(std::move(back_to_where_the_first_ended)), errc::out_of_range));
     (void)co_await consumer_backend->async_peer_close(peer, asio::use_awaitable);
   }());
+}
+
+TEST_F(Windows, ARangeSkipsTheWindowsBeforeItAndAnOlderOwnerStepsThroughThem) {
+  start_small_owner();
+  const corma::ByteRange range{7 * MiB + 5, 2 * MiB};
+  const auto expected = std::span<const std::byte>(huge).subspan(range.offset, *range.length);
+  std::map<std::uint16_t, std::uint64_t> windows_registered;
+  for (std::uint16_t version : {5, 4}) {
+    SCOPED_TRACE("protocol version " + std::to_string(version));
+    auto c = consumer(version);
+    const auto before = owner->stats().windows;
+    auto fetched = corma::testing::run(io, c->async_fetch("huge", range));
+    ASSERT_TRUE(fetched) << fetched.error().message();
+    EXPECT_EQ(fetched.value().path, Path::rdma) << fetched.value().reason_text();
+    EXPECT_EQ(fetched.value().size, huge.size());
+    EXPECT_TRUE(same_bytes(fetched.value().data.bytes().first(*range.length), expected));
+    windows_registered[version] = owner->stats().windows - before;
+    EXPECT_EQ(owner->stats().live_leases, 0U);
+  }
+  // Version 5: the first window (lent with the lease), then the two or so
+  // the range spans. Version 4: every window up to the range's end.
+  EXPECT_LE(windows_registered[5], 4U);
+  EXPECT_GE(windows_registered[4], 5U);
 }
 
 TEST_F(Rendezvous, AVersionOneSessionCannotAskForWindows) {

@@ -57,15 +57,31 @@ class ClusterConsumer {
   /// (not found on every owner, object_changed, a sink's error) end the
   /// fetch. Completes with Result<ClusterOutcome>.
   template <class Token = DefaultToken>
+    requires(!std::is_same_v<std::decay_t<Token>, ByteRange>)
   auto async_fetch_to(std::string name, StreamDestination destination, Token&& token = {}) {
-    return detail::as_operation(executor(), fetch_to(std::move(name), std::move(destination)),
+    return detail::as_operation(executor(), fetch_to(std::move(name), std::move(destination), {}),
+                                std::forward<Token>(token));
+  }
+  /// The same for a part of the object (Consumer::async_fetch_to's range).
+  /// Generations are each owner's own: the outcome's owner and generation
+  /// together name the version read.
+  template <class Token = DefaultToken>
+  auto async_fetch_to(std::string name, StreamDestination destination, ByteRange range, Token&& token = {}) {
+    return detail::as_operation(executor(), fetch_to(std::move(name), std::move(destination), range),
                                 std::forward<Token>(token));
   }
 
   /// The same into a region of the registry the caller keeps registered.
   template <class Token = DefaultToken>
+    requires(!std::is_same_v<std::decay_t<Token>, ByteRange>)
   auto async_fetch_into(std::string name, RegionGuard& destination, Token&& token = {}) {
-    return detail::as_operation(executor(), fetch_into(std::move(name), destination), std::forward<Token>(token));
+    return detail::as_operation(executor(), fetch_into(std::move(name), destination, {}),
+                                std::forward<Token>(token));
+  }
+  template <class Token = DefaultToken>
+  auto async_fetch_into(std::string name, RegionGuard& destination, ByteRange range, Token&& token = {}) {
+    return detail::as_operation(executor(), fetch_into(std::move(name), destination, range),
+                                std::forward<Token>(token));
   }
 
   /// Fetches every object of `names` into its slot (as
@@ -90,8 +106,10 @@ class ClusterConsumer {
  private:
   [[nodiscard]] boost::asio::any_io_executor executor() const;
   [[nodiscard]] boost::asio::awaitable<Result<ClusterOutcome>> fetch_to(std::string name,
-                                                                         StreamDestination destination);
-  [[nodiscard]] boost::asio::awaitable<Result<ClusterOutcome>> fetch_into(std::string name, RegionGuard& destination);
+                                                                         StreamDestination destination,
+                                                                         ByteRange range);
+  [[nodiscard]] boost::asio::awaitable<Result<ClusterOutcome>> fetch_into(std::string name, RegionGuard& destination,
+                                                                           ByteRange range);
   [[nodiscard]] boost::asio::awaitable<Result<ClusterManyFetched>> fetch_many(std::vector<std::string> names,
                                                                              std::vector<FetchSlot> slots);
 
