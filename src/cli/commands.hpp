@@ -35,6 +35,7 @@ struct ServeOptions {
   std::string owner_id;                 ///< empty: <host name>-<port>
   std::vector<std::string> announce;    ///< name prefixes announced; empty: "" (every file)
   double announce_ttl_s = 10;
+  bool accept_push = false;  ///< OwnerConfig::accept_push
 };
 
 struct GetOptions {
@@ -43,6 +44,7 @@ struct GetOptions {
   std::string output;
   std::string budget = "4G";
   bool no_rdma = false;
+  bool push = false;  ///< the owner writes the file into its mapping (async_push_fetch)
   std::uint32_t pull_window = ConsumerConfig{}.pull_window;
   TransportOptions transport;
   DirectoryOptions directory;  ///< set: `owner` is not given, the directory finds one

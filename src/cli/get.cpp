@@ -13,6 +13,7 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/use_future.hpp>
 
 #include <unistd.h>
@@ -61,6 +62,33 @@ Result<Target> find_target(asio::io_context& io, const GetOptions& options, cons
   return Target{asio::ip::tcp::endpoint(address, owners.front().port), std::move(directory)};
 }
 
+/// `path` written by the owner into this side's mapping of the output (the
+/// prefill→decode shape, from the command line): its size first (a range
+/// of no bytes: one acquire and release), then the file mapped at that
+/// size, registered, and offered for the push. An owner that takes no
+/// pushes is read from into the same mapping, and the outcome says why.
+asio::awaitable<Result<FetchOutcome>> push_into(Consumer& consumer, Registry& registry, const std::string& path,
+                                                OutputFile& output) {
+  CORMA_CO_TRY(auto sized, co_await consumer.async_fetch(path, ByteRange{0, 0}));
+  CORMA_CO_TRY(auto landing, output.map(sized.size));
+  if (sized.size == 0) co_return static_cast<FetchOutcome>(sized);  // nothing to write
+  CORMA_CO_TRY(auto region, co_await registry.async_register(landing.memory, Access::remote_read_write,
+                                                             asio::use_awaitable));
+  auto pushed = co_await consumer.async_push_fetch(path, region);
+  if (!pushed) {
+    // A transfer given up may hold the mapping registered until the backend
+    // lets go of it: the mapping stays until then.
+    region.deregistered().async_wait([keep = landing.keepalive](Result<void>) {});
+    co_return pushed;
+  }
+  (void)co_await region.async_deregister(asio::use_awaitable);
+  // The file changed size since it was asked: a smaller one was written whole.
+  if (pushed.value().size < sized.size) {
+    CORMA_CO_TRY(output.truncate(pushed.value().size));
+  }
+  co_return pushed;
+}
+
 }  // namespace
 
 int run_get(const GetOptions& options) {
@@ -73,6 +101,10 @@ int run_get(const GetOptions& options) {
   if (!target || !budget) {
     std::fprintf(stderr, "corma get: %s\n", (target ? budget.error() : target.error()).message().c_str());
     return target || target.error().is(errc::out_of_range) ? 2 : 1;
+  }
+  if (options.push && target.value().directory) {
+    std::fprintf(stderr, "corma get: --push needs the server's address: a fetch through the directory reads\n");
+    return 2;
   }
   const auto owner = target.value().owner;
   std::shared_ptr<Registry> registry;
@@ -93,6 +125,11 @@ int run_get(const GetOptions& options) {
     if (backend.value().rma) {
       registry = std::make_shared<Registry>(backend.value().backend, RegistryConfig{budget.value(), 0});
     }
+  }
+  if (options.push && !registry) {
+    std::fprintf(stderr, "corma get: --push needs a transport that exposes this side's memory (shm, verbs, or tcp "
+                         "with --trusted-peers)\n");
+    return 2;
   }
 
   ConsumerConfig config;
@@ -125,6 +162,7 @@ int run_get(const GetOptions& options) {
       co_return std::move(outcome.fetch);
     }
     CORMA_CO_TRY(auto consumer, co_await Consumer::connect(io.get_executor(), owner, registry, config));
+    if (options.push) co_return co_await push_into(*consumer, *registry, path, output.value());
     co_return co_await consumer->async_fetch_to(path, std::move(destination));
   };
   std::optional<Result<FetchOutcome>> outcome;
@@ -156,9 +194,16 @@ int run_get(const GetOptions& options) {
   const auto& f = fetched.value();
   const std::string windows = f.windows > 0 ? " in " + std::to_string(f.windows) + " windows" : "";
   const std::string reason = f.reason ? " (" + f.reason_text() + ")" : "";
-  std::printf("corma get: %s -> %s: %s via %s%s%s%s, %.1f MB/s\n", path.c_str(), options.output.c_str(),
-              format_size(f.size).c_str(), to_string(f.path), windows.c_str(), reason.c_str(), served_by.c_str(),
-              static_cast<double>(f.size) / seconds / 1e6);
+  std::string push;
+  if (f.pushed) {
+    push = ", pushed by the server";
+  } else if (options.push) {
+    push = ", read: the push was refused (" + f.push_refusal + ")";
+  }
+  const std::string version = f.generation ? ", version " + std::to_string(*f.generation) : "";
+  std::printf("corma get: %s -> %s: %s via %s%s%s%s%s%s, %.1f MB/s\n", path.c_str(), options.output.c_str(),
+              format_size(f.size).c_str(), to_string(f.path), windows.c_str(), reason.c_str(), push.c_str(),
+              version.c_str(), served_by.c_str(), static_cast<double>(f.size) / seconds / 1e6);
   return 0;
 }
 

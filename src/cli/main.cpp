@@ -46,6 +46,9 @@ int main(int argc, char** argv) {
                         "answer written; past it the connection is closed")
       ->check(CLI::Range(0.1, 3600.0))
       ->capture_default_str();
+  serve_cmd->add_flag("--accept-push", serve.accept_push,
+                      "let consumers have files written into their memory (corma get --push); RISK: like "
+                      "--trusted-peers, UCX takes the consumer's worker address and key unchecked");
   serve_cmd->add_option("--idle-timeout", serve.idle_timeout_s,
                         "seconds a connection may stay silent between requests before it is closed")
       ->check(CLI::Range(0.1, 86400.0))
@@ -78,6 +81,10 @@ int main(int argc, char** argv) {
   get_cmd->add_flag("--trusted-peers", get.transport.trusted_peers,
                     "allow RDMA over tcp (same RISK as for serve: the server could read this process's memory)");
   get_cmd->add_flag("--no-rdma", get.no_rdma, "use the chunked path only");
+  get_cmd->add_flag("--push", get.push,
+                    "have the server write the file into this side's mapping of the output (a server without "
+                    "--accept-push is read from instead, and the line says why)")
+      ->excludes("--no-rdma");
   get_cmd->add_option("--pull-window", get.pull_window, "chunked path: pulls kept on the wire at once")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();

@@ -42,19 +42,38 @@ ChunkSink OutputFile::sink() {
   };
 }
 
+namespace {
+
+Error file_error(const char* what, const std::filesystem::path& path) {
+  return Error{errc::backend, std::string(what) + " " + path.string() + ": " + std::strerror(errno)};
+}
+
+/// The open file `fd` sized to `size` bytes and mapped shared.
+Result<Landing> map_file(int fd, const std::filesystem::path& path, std::uint64_t size) {
+  if (::ftruncate(fd, static_cast<off_t>(size)) != 0) return file_error("sizing", path);
+  if (size == 0) return Landing{};
+  void* mapped = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (mapped == MAP_FAILED) return file_error("mapping", path);
+  // Unmapped once the consumer lets go of it (after its registration is gone).
+  std::shared_ptr<const void> mapping(mapped, [size](const void* at) { ::munmap(const_cast<void*>(at), size); });
+  return Landing{std::span<std::byte>(static_cast<std::byte*>(mapped), size), std::move(mapping)};
+}
+
+}  // namespace
+
+Result<Landing> OutputFile::map(std::uint64_t size) {
+  if (!regular_) return fail(errc::not_configured, path_.string() + " is not a regular file: it cannot be mapped");
+  return map_file(fd_, path_, size);
+}
+
+Result<void> OutputFile::truncate(std::uint64_t size) {
+  if (::ftruncate(fd_, static_cast<off_t>(size)) != 0) return file_error("sizing", path_);
+  return success();
+}
+
 StreamDestination OutputFile::destination() {
   if (!regular_) return StreamDestination{sink(), {}};
-  auto landing = [fd = fd_, path = path_.string()](std::uint64_t size) -> Result<Landing> {
-    const auto fail_with = [&path](const char* what) {
-      return fail(errc::backend, std::string(what) + " " + path + ": " + std::strerror(errno));
-    };
-    if (::ftruncate(fd, static_cast<off_t>(size)) != 0) return fail_with("sizing");
-    void* mapped = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (mapped == MAP_FAILED) return fail_with("mapping");
-    // Unmapped once the consumer lets go of it (after its registration is gone).
-    std::shared_ptr<const void> mapping(mapped, [size](const void* at) { ::munmap(const_cast<void*>(at), size); });
-    return Landing{std::span<std::byte>(static_cast<std::byte*>(mapped), size), std::move(mapping)};
-  };
+  auto landing = [fd = fd_, path = path_](std::uint64_t size) { return map_file(fd, path, size); };
   // Chunks land in the mapping too: read there from the socket, with no
   // write of the file on the consumer's loop.
   return StreamDestination{sink(), std::move(landing), true};

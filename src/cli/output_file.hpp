@@ -31,6 +31,13 @@ class OutputFile {
   /// the bytes reach the file with no copy. Anything but a regular file (a
   /// pipe, /dev/null) is written through the sink alone.
   [[nodiscard]] StreamDestination destination();
+  /// The file sized to `size` bytes and mapped shared, writable: what an
+  /// RDMA read or a push lands in. Unmapped once the keepalive goes.
+  /// `not_configured` for anything but a regular file.
+  [[nodiscard]] Result<Landing> map(std::uint64_t size);
+  /// Cuts the file to `size` bytes (an object that shrank between the size
+  /// asked for and the push).
+  Result<void> truncate(std::uint64_t size);
   /// The fetch succeeded: the file stays. `backend` if closing it failed.
   Result<void> keep();
 

@@ -63,6 +63,7 @@ int run_serve(const ServeOptions& options) {
   owner_config.lease_timeout = milliseconds(options.lease_timeout_s);
   owner_config.io_timeout = milliseconds(options.io_timeout_s);
   owner_config.idle_timeout = milliseconds(options.idle_timeout_s);
+  owner_config.accept_push = options.accept_push;
   Owner owner(io.get_executor(), registry, owner_config);
   const auto files = std::move(resolver).value();
   // Files are read into snapshots on threads of their own: the event loop
@@ -107,9 +108,13 @@ int run_serve(const ServeOptions& options) {
   }
 
   const auto bound = acceptor.local_endpoint();
-  std::printf("corma serve: listening on %s:%u, root %s, budget %s, %s, %u file threads\n",
+  // Pushes need memory this side can expose and --accept-push; say which is missing.
+  const char* pushes = !backend.value().rma       ? "pushes refused (this transport exposes no memory)"
+                       : options.accept_push ? "pushes accepted"
+                                             : "pushes refused (--accept-push takes them)";
+  std::printf("corma serve: listening on %s:%u, root %s, budget %s, %s, %u file threads, %s\n",
               bound.address().to_string().c_str(), bound.port(), options.root.c_str(),
-              format_size(budget.value()).c_str(), backend.value().description.c_str(), options.file_threads);
+              format_size(budget.value()).c_str(), backend.value().description.c_str(), options.file_threads, pushes);
   if (metrics) {
     std::printf("corma serve: metrics on http://%s:%u/metrics\n",
                 metrics->local_endpoint().address().to_string().c_str(), metrics->local_endpoint().port());

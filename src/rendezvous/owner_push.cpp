@@ -119,7 +119,11 @@ asio::awaitable<Message> Owner::State::push(std::uint64_t session, Push request)
   }
   const AcquireUnderWay under_way(*this, session);
   if (draining) co_return refusal(errc::shutting_down, "the owner is draining");
-  auto object = find(request.name);
+  // Looked up as an acquire is: the resolver brought up to date first, and
+  // an asynchronous one asked off the loop.
+  if (refresh_resolver) refresh_resolver();
+  Result<PublishedObject> object = find(request.name);
+  if (!published.contains(request.name) && async_resolver) object = co_await resolve(request.name);
   if (!object) {
     if (!object.error().is(errc::region_not_found)) co_return error_reply(object.error());
     ++stats.not_found;

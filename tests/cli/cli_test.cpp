@@ -351,6 +351,40 @@ TEST_F(TwoProcesses, FilesArriveByteIdenticalOverEachPath) {
   EXPECT_TRUE(std::filesystem::is_fifo(fifo)) << "a failed fetch removed an output that is not a regular file";
 }
 
+TEST_F(TwoProcesses, GetPushHasTheServerWriteTheFileOrReadsItSayingWhy) {
+  std::vector<char> big(6 << 20);
+  std::mt19937 rng(7);
+  for (auto& c : big) c = static_cast<char>(rng());
+  write_file(root / "big.bin", big);
+  auto pushing = serve({"--transport", "shm", "--accept-push"});
+  EXPECT_NE(pushing.captured.find("pushes accepted"), std::string::npos) << pushing.captured;
+  auto reading = serve({"--transport", "shm"});
+  EXPECT_NE(reading.captured.find("pushes refused (--accept-push takes them)"), std::string::npos)
+      << reading.captured;
+  struct Case {
+    std::string owner;
+    std::string expect;
+  };
+  const Case cases[] = {
+      {"127.0.0.1:" + port_after(pushing.captured, "listening on"), "via rdma, pushed by the server, version "},
+      {"127.0.0.1:" + port_after(reading.captured, "listening on"),
+       "via rdma, read: the push was refused (corma: not configured: owner: this owner takes no pushes)"}};
+  for (const auto& c : cases) {
+    const auto out = base / "pushed";
+    auto get = Process::start({binary, "get", c.owner, "big.bin", "-o", out.string(), "--transport", "shm", "--push"});
+    ASSERT_EQ(get.wait_exit(std::chrono::seconds(30)), 0) << get.captured;
+    EXPECT_NE(get.captured.find(c.expect), std::string::npos) << get.captured;
+    EXPECT_EQ(read_file(out), big);
+  }
+  // What cannot push is refused before anything is fetched.
+  const auto owner = cases[0].owner;
+  auto chunks_only = Process::start({binary, "get", owner, "big.bin", "-o", (base / "x").string(), "--push"});
+  EXPECT_EQ(chunks_only.wait_exit(std::chrono::seconds(30)), 2) << chunks_only.captured;
+  EXPECT_NE(chunks_only.captured.find("--push needs a transport that exposes this side's memory"), std::string::npos)
+      << chunks_only.captured;
+  EXPECT_FALSE(std::filesystem::exists(base / "x"));
+}
+
 TEST_F(TwoProcesses, ServeListensOnlyWhereItIsTold) {
   using boost::asio::ip::tcp;
   const auto loopback = boost::asio::ip::make_address("127.0.0.1");
