@@ -2,7 +2,7 @@
 
 #include "bench_support.hpp"
 #include "file_server.hpp"
-#include "rendezvous/messages.hpp"
+#include "rendezvous/protocol/messages.hpp"
 
 #include <boost/asio/read.hpp>
 #include <boost/asio/write.hpp>

@@ -8,7 +8,7 @@
 
 #include "roundtrip.hpp"
 
-#include "rendezvous/hello.hpp"
+#include "rendezvous/owner/hello.hpp"
 
 #include <corma/ucx.hpp>
 

@@ -7,7 +7,7 @@
 
 #include <corma/descriptor.hpp>
 
-#include "rendezvous/messages.hpp"
+#include "rendezvous/protocol/messages.hpp"
 
 #include <algorithm>
 #include <cstddef>

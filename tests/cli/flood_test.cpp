@@ -4,7 +4,7 @@
 // stays bounded.
 #include "cli/flood.hpp"
 
-#include "rendezvous/messages.hpp"
+#include "rendezvous/protocol/messages.hpp"
 
 namespace {
 

@@ -4,7 +4,7 @@
 // a flood of leases. The server survives each and keeps serving others.
 #include "cli/flood.hpp"
 
-#include "rendezvous/messages.hpp"
+#include "rendezvous/protocol/messages.hpp"
 
 
 namespace {

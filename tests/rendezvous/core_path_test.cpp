@@ -6,7 +6,7 @@
 // meanwhile.
 #include "rendezvous/rendezvous_fixture.hpp"
 
-#include "rendezvous/in_flight_limit.hpp"
+#include "rendezvous/consumer/in_flight_limit.hpp"
 
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/cancellation_signal.hpp>

@@ -1,7 +1,7 @@
 // The rendezvous control frames: exact layout, round trips of every message
 // type, every refusal the decoders promise, truncations and single-byte
 // corruptions.
-#include "rendezvous/messages.hpp"
+#include "rendezvous/protocol/messages.hpp"
 
 #include "roundtrip.hpp"
 

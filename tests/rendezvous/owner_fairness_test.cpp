@@ -2,7 +2,7 @@
 // newcomer's acquire answered ahead of another connection's backlog of
 // batches, lease caps checked before a name is looked up, and names with
 // bytes the protocol does not allow refused before any look-up.
-#include "rendezvous/fair_queue.hpp"
+#include "rendezvous/owner/fair_queue.hpp"
 #include "rendezvous/rendezvous_fixture.hpp"
 
 #include <string>

@@ -9,7 +9,7 @@
 #include <corma/consumer.hpp>
 #include <corma/owner.hpp>
 
-#include "rendezvous/framed_connection.hpp"
+#include "rendezvous/protocol/framed_connection.hpp"
 #include "support/raw_client.hpp"
 
 #include <boost/asio/co_spawn.hpp>

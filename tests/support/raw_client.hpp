@@ -2,7 +2,7 @@
 // play a hostile or unusual consumer. Needs src/ on the include path.
 #pragma once
 
-#include "rendezvous/framed_connection.hpp"
+#include "rendezvous/protocol/framed_connection.hpp"
 
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/this_coro.hpp>

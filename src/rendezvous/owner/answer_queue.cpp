@@ -1,4 +1,4 @@
-#include "answer_queue.hpp"
+#include "rendezvous/owner/answer_queue.hpp"
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/use_awaitable.hpp>

@@ -1,7 +1,7 @@
 // One connection: its hello, then its requests, worked on concurrently
 // (registrations in the background, everything else answered at once).
-#include "owner_state.hpp"
-#include "hello.hpp"
+#include "rendezvous/owner/owner_state.hpp"
+#include "rendezvous/owner/hello.hpp"
 
 #include <boost/asio/post.hpp>
 #include <boost/asio/use_awaitable.hpp>

@@ -1,7 +1,7 @@
 // Acquires (single and batched) and windows as jobs of the owner's fair
 // queue: names are looked up and answered a turn at a time, registrations
 // run in the background, and a request is answered once all of it is done.
-#include "owner_state.hpp"
+#include "rendezvous/owner/owner_state.hpp"
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>

@@ -1,4 +1,4 @@
-#include "keep_until_deregistered.hpp"
+#include "rendezvous/consumer/keep_until_deregistered.hpp"
 
 #include <memory>
 

@@ -4,7 +4,7 @@
 // first push sets it up with push_open / push_connect, and every push
 // after uses it. A push the owner does not take is read the ordinary way,
 // exactly once.
-#include "consumer_state.hpp"
+#include "rendezvous/consumer/consumer_state.hpp"
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/use_awaitable.hpp>

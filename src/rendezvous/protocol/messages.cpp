@@ -1,4 +1,4 @@
-#include "messages.hpp"
+#include "rendezvous/protocol/messages.hpp"
 
 #include "wire/codec.hpp"
 

@@ -1,4 +1,4 @@
-#include "consumer_link.hpp"
+#include "rendezvous/consumer/consumer_link.hpp"
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/bind_cancellation_slot.hpp>

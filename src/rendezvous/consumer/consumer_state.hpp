@@ -3,9 +3,9 @@
 // public operations; fetch_many.cpp the batch of many objects.
 #pragma once
 
-#include "consumer_link.hpp"
-#include "in_flight_limit.hpp"
-#include "lease_keeper.hpp"
+#include "rendezvous/consumer/consumer_link.hpp"
+#include "rendezvous/consumer/in_flight_limit.hpp"
+#include "rendezvous/consumer/lease_keeper.hpp"
 
 #include <corma/consumer.hpp>
 #include <corma/descriptor.hpp>

@@ -1,4 +1,4 @@
-#include "fair_queue.hpp"
+#include "rendezvous/owner/fair_queue.hpp"
 
 #include <algorithm>
 

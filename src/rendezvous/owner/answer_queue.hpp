@@ -4,7 +4,7 @@
 // taking more (back-pressure) and the connection can wait for the last.
 #pragma once
 
-#include "framed_connection.hpp"
+#include "rendezvous/protocol/framed_connection.hpp"
 
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/steady_timer.hpp>

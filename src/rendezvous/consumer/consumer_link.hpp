@@ -7,7 +7,7 @@
 // out of step: an answer nobody waits for any more is dropped.
 #pragma once
 
-#include "framed_connection.hpp"
+#include "rendezvous/protocol/framed_connection.hpp"
 
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>

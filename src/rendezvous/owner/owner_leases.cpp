@@ -1,6 +1,6 @@
 // Objects and leases: acquires (single and batched), pulls, renewals,
 // releases, and the reaper of abandoned leases.
-#include "owner_state.hpp"
+#include "rendezvous/owner/owner_state.hpp"
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/async_result.hpp>

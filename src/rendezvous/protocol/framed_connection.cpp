@@ -1,4 +1,4 @@
-#include "framed_connection.hpp"
+#include "rendezvous/protocol/framed_connection.hpp"
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/experimental/awaitable_operators.hpp>

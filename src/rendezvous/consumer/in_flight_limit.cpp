@@ -1,4 +1,4 @@
-#include "in_flight_limit.hpp"
+#include "rendezvous/consumer/in_flight_limit.hpp"
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/this_coro.hpp>

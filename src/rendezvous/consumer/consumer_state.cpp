@@ -1,5 +1,5 @@
-#include "consumer_state.hpp"
-#include "keep_until_deregistered.hpp"
+#include "rendezvous/consumer/consumer_state.hpp"
+#include "rendezvous/consumer/keep_until_deregistered.hpp"
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/bind_cancellation_slot.hpp>

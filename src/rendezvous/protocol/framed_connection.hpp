@@ -2,7 +2,7 @@
 // limited before anything is read, every read and write under a deadline.
 #pragma once
 
-#include "messages.hpp"
+#include "rendezvous/protocol/messages.hpp"
 
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/ip/tcp.hpp>

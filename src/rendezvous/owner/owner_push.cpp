@@ -4,7 +4,7 @@
 // push_open / push_connect once per connection; each push then writes only
 // into the landing the consumer named for that object, never past the
 // object's size, and is answered once the bytes are in place there.
-#include "owner_state.hpp"
+#include "rendezvous/owner/owner_state.hpp"
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/deferred.hpp>

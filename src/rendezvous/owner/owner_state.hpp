@@ -6,10 +6,10 @@
 // (the public operations).
 #pragma once
 
-#include "answer_queue.hpp"
-#include "fair_queue.hpp"
-#include "framed_connection.hpp"
-#include "messages.hpp"
+#include "rendezvous/owner/answer_queue.hpp"
+#include "rendezvous/owner/fair_queue.hpp"
+#include "rendezvous/protocol/framed_connection.hpp"
+#include "rendezvous/protocol/messages.hpp"
 
 #include <corma/owner.hpp>
 

@@ -1,7 +1,7 @@
 #include <corma/consumer.hpp>
 
-#include "consumer_state.hpp"
-#include "keep_until_deregistered.hpp"
+#include "rendezvous/consumer/consumer_state.hpp"
+#include "rendezvous/consumer/keep_until_deregistered.hpp"
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/experimental/awaitable_operators.hpp>

@@ -1,4 +1,4 @@
-#include "owner_state.hpp"
+#include "rendezvous/owner/owner_state.hpp"
 
 #include <cerrno>
 

@@ -1,4 +1,4 @@
-#include "lease_keeper.hpp"
+#include "rendezvous/consumer/lease_keeper.hpp"
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>

@@ -6,7 +6,7 @@
 // only say which leases they hold.
 #pragma once
 
-#include "consumer_link.hpp"
+#include "rendezvous/consumer/consumer_link.hpp"
 
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/steady_timer.hpp>

@@ -5,7 +5,7 @@
 // come through here.
 #pragma once
 
-#include "messages.hpp"
+#include "rendezvous/protocol/messages.hpp"
 
 #include <corma/backend.hpp>
 

@@ -1,6 +1,6 @@
 // Registrations of objects for leases: the export cache, one registration
 // per object at a time, and RDMA windows for objects larger than the budget.
-#include "owner_state.hpp"
+#include "rendezvous/owner/owner_state.hpp"
 
 #include <corma/descriptor.hpp>
 

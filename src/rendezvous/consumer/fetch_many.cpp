@@ -4,7 +4,7 @@
 // rest, and one release_many; the batches are pipelined, so the next
 // batch's acquire and the previous one's release travel while this one's
 // bytes move.
-#include "consumer_state.hpp"
+#include "rendezvous/consumer/consumer_state.hpp"
 
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/bind_executor.hpp>

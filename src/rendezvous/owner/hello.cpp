@@ -1,4 +1,4 @@
-#include "hello.hpp"
+#include "rendezvous/owner/hello.hpp"
 
 #include <boost/asio/use_awaitable.hpp>
 
