@@ -70,7 +70,7 @@ struct ConsumerConfig {
 /// once the owner has said the object's size, its lease released.
 struct ByteRange {
   std::uint64_t offset = 0;
-  std::optional<std::uint64_t> length;
+  std::optional<std::uint64_t> length{};
 };
 
 /// How a fetch went: the object's size, the part of it fetched, the version

@@ -72,6 +72,39 @@ TEST_F(ClusterConsumerTest, ALostOwnerIsReplacedByTheNextReplicaAndTheOutcomeSay
   primary.reset();
 }
 
+TEST_F(ClusterConsumerTest, ARangeIsFetchedFromTheOwnerThatServesItAndSaysThatOwnersVersion) {
+  AnnouncedOwner owner(io, config(), "owner-one", 1, bytes);
+  ASSERT_TRUE(owner.announced);
+  corma::ClusterConsumer cluster(io.get_executor(), std::make_shared<corma::Directory>(io.get_executor(), config()),
+                                 nullptr);
+  ASSERT_GT(bytes.size(), 100u);
+  const corma::ByteRange range{10, bytes.size() - 60};
+  std::vector<std::byte> got;
+  corma::StreamDestination destination{[&got, &range](std::uint64_t offset,
+                                                      std::span<const std::byte> chunk) -> corma::Result<void> {
+                                         if (offset != range.offset + got.size()) {
+                                           return corma::fail(errc::protocol, "out of order");
+                                         }
+                                         got.insert(got.end(), chunk.begin(), chunk.end());
+                                         return corma::success();
+                                       },
+                                       {}};
+  auto fetched = corma::testing::run(io, cluster.async_fetch_to("obj", std::move(destination), range));
+  ASSERT_TRUE(fetched) << fetched.error().message();
+  EXPECT_EQ(fetched.value().owner, "owner-one");
+  EXPECT_EQ(fetched.value().fetch.length, *range.length);
+  EXPECT_TRUE(fetched.value().fetch.generation.has_value());
+  const auto from = bytes.begin() + static_cast<std::ptrdiff_t>(range.offset);
+  EXPECT_EQ(got, std::vector<std::byte>(from, from + static_cast<std::ptrdiff_t>(*range.length)));
+  // A range past the end is the object's own error: no other owner is tried.
+  std::vector<std::byte> unused;
+  corma::StreamDestination nowhere{[](std::uint64_t, std::span<const std::byte>) { return corma::success(); }, {}};
+  auto refused =
+      corma::testing::run(io, cluster.async_fetch_to("obj", std::move(nowhere), corma::ByteRange{bytes.size() + 1}));
+  ASSERT_FALSE(refused);
+  EXPECT_TRUE(refused.error().is(errc::out_of_range)) << refused.error().message();
+}
+
 TEST_F(ClusterConsumerTest, APooledConnectionTheOwnerClosedForIdlenessIsReplacedNotCountedAsTheOwnersLoss) {
   corma::OwnerConfig quick;
   quick.idle_timeout = std::chrono::milliseconds(200);
