@@ -63,7 +63,8 @@ struct Descriptor {
 Result<PublishedObject> FileResolver::operator()(std::string_view name) const {
   CORMA_TRY(check_served_name(name));
   if (auto kept = snapshots_->find(name)) return PublishedObject{kept->bytes(), std::move(kept)};
-  return read(std::string(name));
+  const std::string owned(name);
+  return read_as(owned, snapshots_->begin(owned));
 }
 
 namespace {
@@ -84,18 +85,38 @@ void FileResolver::resolve(std::string name, const boost::asio::any_io_executor&
   if (auto kept = snapshots_->find(name)) {
     return complete(std::move(done), PublishedObject{kept->bytes(), std::move(kept)}, readers);
   }
-  boost::asio::post(readers, [files = *this, name = std::move(name), done = std::move(done), readers]() mutable {
-    Result<PublishedObject> found = fail(errc::backend, "reading '" + name + "' failed");
-    try {
-      found = files.read(name);
-    } catch (const std::exception& e) {
-      found = fail(errc::backend, "reading '" + name + "' failed: " + e.what());
-    }
-    complete(std::move(done), std::move(found), readers);
+  // Consumers asking for one file at once share one read of it (a read
+  // that has not begun, or one under way while nothing changed the name):
+  // a cold file is read once, not once per consumer.
+  auto shared = std::make_shared<ResolveHandler>(std::move(done));
+  const SnapshotCache::Joiner joiner = [shared, readers](const Result<PublishedObject>& found) {
+    complete(std::move(*shared), found, readers);
+  };
+  SnapshotCache::Ticket ticket;
+  if (snapshots_->join_or_begin(name, joiner, ticket)) return;
+  boost::asio::post(readers, [files = *this, name = std::move(name), joiner, ticket]() {
+    joiner(files.read_as(name, ticket));
   });
 }
 
-Result<PublishedObject> FileResolver::read(const std::string& name) const {
+Result<PublishedObject> FileResolver::read_as(const std::string& name, SnapshotCache::Ticket ticket) const {
+  Result<PublishedObject> found = fail(errc::backend, "reading '" + name + "' failed");
+  try {
+    // A look-up that waited for a file thread may find the file read meanwhile.
+    if (auto kept = snapshots_->find(name)) {
+      found = PublishedObject{kept->bytes(), std::move(kept)};
+    } else {
+      found = read(name, ticket);
+    }
+  } catch (const std::exception& e) {
+    found = fail(errc::backend, "reading '" + name + "' failed: " + e.what());
+  }
+  // Whatever it came to, the look-ups that joined the read are told.
+  snapshots_->finish(ticket, found);
+  return found;
+}
+
+Result<PublishedObject> FileResolver::read(const std::string& name, SnapshotCache::Ticket ticket) const {
   // Watched before anything is opened, so that nothing that happens to the
   // name from here on goes unseen while its snapshot is kept.
   const bool watched = snapshots_->watch(name, root_);
@@ -119,7 +140,7 @@ Result<PublishedObject> FileResolver::read(const std::string& name) const {
     snapshots_->unwatch(name);
     return fail(errc::region_not_found, "'" + name + "' is not a regular file");
   }
-  CORMA_TRY(auto snapshot, snapshots_->read(file.fd, name));
+  CORMA_TRY(auto snapshot, snapshots_->read(file.fd, name, ticket));
   const auto bytes = snapshot->bytes();
   return PublishedObject{bytes, std::move(snapshot)};
 }

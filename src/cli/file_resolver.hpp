@@ -59,7 +59,10 @@ class FileResolver {
  private:
   FileResolver(std::filesystem::path root, std::uint64_t snapshot_limit)
       : root_(std::move(root)), snapshots_(std::make_shared<SnapshotCache>(snapshot_limit)) {}
-  Result<PublishedObject> read(const std::string& name) const;
+  /// Reads `name` for the read `ticket` names, then ends that read (its
+  /// joiners are handed the result too).
+  Result<PublishedObject> read_as(const std::string& name, SnapshotCache::Ticket ticket) const;
+  Result<PublishedObject> read(const std::string& name, SnapshotCache::Ticket ticket) const;
 
   std::filesystem::path root_;  // canonical
   std::shared_ptr<SnapshotCache> snapshots_;  // shared by copies of the resolver

@@ -60,24 +60,48 @@ void SnapshotCache::make_room(std::uint64_t size) {
   }
 }
 
-Result<std::shared_ptr<const FileSnapshot>> SnapshotCache::read(int fd, const std::string& name) {
+bool SnapshotCache::join_or_begin(const std::string& name, Joiner joiner, Ticket& ticket) {
+  std::lock_guard lock(mutex_);
+  // The news first: a change made before this look-up marks the read it
+  // would join (the same freshness as a kept snapshot's, find()).
+  if (std::chrono::steady_clock::now() - refreshed_ > news_interval) refresh_locked();
+  for (auto it = reading_.rbegin(); it != reading_.rend(); ++it) {
+    if (it->name != name || (it->started && (!it->kept || it->dropped))) continue;
+    it->joiners.push_back(std::move(joiner));
+    return true;
+  }
+  ticket = reading_.insert(reading_.end(), Reading{name});
+  return false;
+}
+
+SnapshotCache::Ticket SnapshotCache::begin(const std::string& name) {
+  std::lock_guard lock(mutex_);
+  return reading_.insert(reading_.end(), Reading{name});
+}
+
+void SnapshotCache::finish(Ticket ticket, const Result<PublishedObject>& result) {
+  std::vector<Joiner> joiners;
+  {
+    std::lock_guard lock(mutex_);
+    joiners = std::move(ticket->joiners);
+    reading_.erase(ticket);
+  }
+  // Outside the lock: a joiner may look the cache up again.
+  for (auto& joiner : joiners) joiner(result);
+}
+
+Result<std::shared_ptr<const FileSnapshot>> SnapshotCache::read(int fd, const std::string& name, Ticket reading) {
   bool keep = false;
-  std::list<Reading>::iterator reading;
   {
     std::lock_guard lock(mutex_);
     // The file watch goes on before the lease is taken: from the moment the
-    // snapshot is proven whole, every open of the file is seen.
+    // snapshot is proven whole, every open of the file is seen. What
+    // changed before now is in what this read sees.
     keep = watch_ && watch_->watch_file(name, fd);
-    reading = reading_.insert(reading_.end(), Reading{name});
+    reading->started = true;
+    reading->kept = keep;
+    reading->dropped = false;
   }
-  struct Done {
-    SnapshotCache& cache;
-    std::list<Reading>::iterator reading;
-    ~Done() {
-      std::lock_guard lock(cache.mutex_);
-      cache.reading_.erase(reading);
-    }
-  } done{*this, reading};
   for (int attempt = 1;; ++attempt) {
     auto snapshot = read_once(fd, name);
     if (snapshot && keep) {

@@ -7,10 +7,13 @@
 #include "change_watch.hpp"
 #include "file_snapshot.hpp"
 
+#include <corma/owner.hpp>
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -18,6 +21,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <vector>
 
 namespace corma::cli {
 
@@ -46,12 +50,43 @@ class SnapshotCache {
   /// Gives up watching `name` (its snapshot is not to be kept).
   void unwatch(const std::string& name);
 
+  /// A read of one name from the look-up that begins it to finish(); the
+  /// look-ups that join it are handed its result.
+  /// What a read hands the look-ups that joined it.
+  using Joiner = std::function<void(const Result<PublishedObject>&)>;
+  struct Reading {
+    std::string name;
+    bool started = false;         ///< the file is being read (read() began)
+    bool kept = false;            ///< its snapshot is to be kept (the name is watched)
+    bool dropped = false;         ///< a change to the name was seen since it started
+    std::vector<Joiner> joiners{};  ///< handed its result by finish()
+  };
+  using Ticket = std::list<Reading>::iterator;
+
+  /// Joins a read of `name` when that is as good as reading it now: a read
+  /// that has not begun yet (it will see everything done before this
+  /// look-up), or one under way whose snapshot is to be kept and nothing
+  /// has changed the name since it began (what refresh() and every change
+  /// seen mark). `joiner` is then handed that read's result and true is
+  /// returned. Else a read is begun: `ticket` names it, and the caller
+  /// reads the file (read()) and ends the read with finish(). So consumers
+  /// asking for one cold file at once read it once, within the limit.
+  bool join_or_begin(const std::string& name, Joiner joiner, Ticket& ticket);
+  /// Begins a read of `name` nobody joins before it starts (for a caller
+  /// that reads at once, on its own thread).
+  Ticket begin(const std::string& name);
+
   /// Reads the open file `fd` whole under a read lease, `read_attempts`
   /// times at most while a writer is at work, and keeps the snapshot for
-  /// `name` when `name` is being watched (watch()). `object_changed` for a
-  /// file being written throughout; `not_configured` where no read lease
-  /// can be had; `budget_exceeded` when snapshots alive would pass the limit.
-  Result<std::shared_ptr<const FileSnapshot>> read(int fd, const std::string& name);
+  /// `name` when `name` is being watched (watch()), for the read `ticket`
+  /// names. `object_changed` for a file being written throughout;
+  /// `not_configured` where no read lease can be had; `budget_exceeded`
+  /// when snapshots alive would pass the limit.
+  Result<std::shared_ptr<const FileSnapshot>> read(int fd, const std::string& name, Ticket ticket);
+
+  /// Ends the read `ticket` names: its joiners are handed `result` (on
+  /// this thread, outside the cache's lock).
+  void finish(Ticket ticket, const Result<PublishedObject>& result);
 
   /// Bytes held by snapshots, in use or kept.
   [[nodiscard]] std::uint64_t bytes_held() const noexcept { return held_->load(); }
@@ -79,15 +114,13 @@ class SnapshotCache {
   std::optional<ChangeWatch> watch_;  ///< none: nothing is kept
   std::unordered_map<std::string, Kept, NameHash, std::equal_to<>> kept_;
   std::list<std::string> recency_;  ///< least recently used first
-  /// The reads under way, each with whether its name was dropped since it
-  /// began (a change seen, or the watch given up): such a read's snapshot
-  /// is handed to its fetch but not kept, since nothing watches its name
-  /// any more and a kept snapshot would be served after the change.
-  struct Reading {
-    std::string name;
-    bool dropped = false;
-  };
+  /// The reads begun and not finished, each with whether its name was
+  /// dropped since it started (a change seen, or the watch given up): such
+  /// a read's snapshot is handed to its look-ups but not kept, since
+  /// nothing watches its name any more and a kept snapshot would be served
+  /// after the change.
   std::list<Reading> reading_;
+
   std::chrono::steady_clock::time_point refreshed_{};
 };
 

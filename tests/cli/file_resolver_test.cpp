@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include <boost/asio/thread_pool.hpp>
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -14,6 +16,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <latch>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -60,6 +64,39 @@ TEST_F(FileResolverTest, AnUnchangedFileIsReadOnceAndKeptWhileNobodyReadsIt) {
   ASSERT_TRUE(again) << again.error().message();
   EXPECT_EQ(again.value().keepalive.get(), first) << "an unchanged file was read again";
   EXPECT_EQ(first_byte(again.value()), 'a');
+}
+
+TEST_F(FileResolverTest, ConsumersAskingForOneColdFileAtOnceShareOneRead) {
+  // Eight look-ups of one file, as the owner's loop makes them for eight
+  // consumers at once, with a limit that holds the file once but not twice:
+  // one read serves them all.
+  constexpr std::size_t size = 8 << 20;
+  write_file("cold", size, 'c');
+  auto resolver = FileResolver::create(dir, size + size / 2).value();
+  boost::asio::thread_pool readers(2);
+  constexpr int askers = 8;
+  std::mutex mutex;
+  std::vector<Result<PublishedObject>> found;
+  std::latch answered(askers);
+  resolver.refresh();
+  for (int i = 0; i < askers; ++i) {
+    resolver.resolve("cold", readers.get_executor(), [&](Result<PublishedObject> result) {
+      {
+        std::lock_guard lock(mutex);
+        found.push_back(std::move(result));
+      }
+      answered.count_down();
+    });
+  }
+  answered.wait();
+  ASSERT_EQ(found.size(), static_cast<std::size_t>(askers));
+  for (const auto& result : found) {
+    ASSERT_TRUE(result) << result.error().message();
+    EXPECT_EQ(result.value().keepalive, found.front().value().keepalive) << "the file was read more than once";
+    EXPECT_EQ(result.value().bytes.size(), size);
+  }
+  EXPECT_EQ(resolver.snapshot_bytes(), size);
+  readers.join();
 }
 
 TEST_F(FileResolverTest, AFileRenamedOverTheNameWhileItsOldVersionIsReadIsNotHiddenByTheOldSnapshot) {
