@@ -62,7 +62,7 @@ struct Descriptor {
 
 Result<PublishedObject> FileResolver::operator()(std::string_view name) const {
   CORMA_TRY(check_served_name(name));
-  if (auto kept = snapshots_->find(name)) return PublishedObject{kept->bytes(), std::move(kept)};
+  // read_as() serves a kept snapshot first.
   const std::string owned(name);
   return read_as(owned, snapshots_->begin(owned));
 }
