@@ -1,5 +1,7 @@
 #include "backend_kit/frontend.hpp"
 
+#include "backend_kit/handed_over_threads.hpp"
+
 #include <future>
 
 namespace corma::backend_kit {
@@ -101,11 +103,13 @@ Result<std::thread> start_progress_thread(const std::shared_ptr<EngineCore>& eng
                                           std::function<Result<void>()> start) {
   std::promise<Result<void>> started;
   auto start_result = started.get_future();
-  std::thread thread([engine, &started, &start] {
+  std::thread thread([engine = std::shared_ptr<EngineCore>(engine), &started, &start]() mutable {
     auto outcome = start();
     const bool ok = static_cast<bool>(outcome);
     started.set_value(std::move(outcome));
     if (ok) engine->loop();
+    engine.reset();  // the provider's handles may go with this last reference
+    progress_thread_ending();
   });
   auto outcome = start_result.get();
   if (!outcome) {
@@ -123,7 +127,7 @@ void stop_progress_thread(const std::shared_ptr<EngineCore>& engine, std::thread
     engine->quit();
   });
   if (thread.get_id() == std::this_thread::get_id()) {
-    thread.detach();
+    hand_over_own_thread(thread);
   } else if (thread.joinable()) {
     thread.join();
   }

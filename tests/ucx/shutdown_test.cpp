@@ -11,7 +11,14 @@
 // cannot end it), its region stays registered until the reader's backend
 // shuts down, so the registry cannot go first on its own
 // (docs/architecture.md, "Shutting down a registry and its backend").
+//
+// A backend whose last reference goes in a completion on its own progress
+// thread: that thread tears down alone, and the process waits for it before
+// its static destructors (returning from main under that teardown crashed
+// in the provider's library destructors).
 #include "ucx/settings.hpp"
+
+#include "backend_kit/handed_over_threads.hpp"
 
 #include <corma/registry.hpp>
 #include <corma/ucx.hpp>
@@ -21,7 +28,9 @@
 
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <future>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -141,6 +150,36 @@ TEST(UcxDeadShmOwner, TheRegistryThenTheBackendWithoutWaitingReleasesEverything)
   EXPECT_EQ(stats.regions, 0u);
   EXPECT_EQ(stats.registered_bytes, 0u);
   EXPECT_EQ(stats.leaked_owned_buffers, 0u);
+}
+
+std::size_t threads_in_this_process() {
+  std::size_t threads = 0;
+  for ([[maybe_unused]] const auto& task : std::filesystem::directory_iterator("/proc/self/task")) ++threads;
+  return threads;
+}
+
+TEST(UcxLastReference, ReleasedOnItsOwnProgressThreadTheBackendIsGoneBeforeTheProcessMayExit) {
+  const corma::ucx::Config config{.transport = corma::ucx::Transport::shared_memory,
+                                  .error_handling = corma::ucx::ErrorHandling::none};
+  make_ucx(config).reset();  // whatever threads the provider keeps for the process are started
+  const auto threads_before = threads_in_this_process();
+  std::vector<std::byte> memory(4096);
+  std::promise<std::thread::id> released;
+  {
+    auto backend = make_ucx(config);
+    auto* initiator = backend.get();
+    // No executor: the completion runs on the progress thread, and takes
+    // the only reference with it.
+    initiator->async_map(memory.data(), memory.size(), Access::local,
+                         [last = std::move(backend), &released](corma::Result<corma::BackendRegion>) mutable {
+                           last.reset();
+                           released.set_value(std::this_thread::get_id());
+                         });
+  }
+  EXPECT_NE(released.get_future().get(), std::this_thread::get_id()) << "not released on the progress thread";
+  EXPECT_TRUE(corma::backend_kit::join_handed_over_threads(std::chrono::seconds(10)))
+      << "the progress thread never said it finished";
+  EXPECT_EQ(threads_in_this_process(), threads_before) << "a progress thread still runs";
 }
 
 }  // namespace

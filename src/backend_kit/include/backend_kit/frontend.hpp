@@ -35,8 +35,9 @@ void initiate_shutdown(EngineCore& engine, RdmaBackend::Handler<void> h);
                                                         std::function<Result<void>()> start);
 
 /// The destructor's teardown: refuse new commands, shut down and quit on the
-/// progress thread, then join it (or detach when called from it: the last
-/// reference dropped inside a completion running there).
+/// progress thread, then join it (or, when called from it because the last
+/// reference went inside a completion running there, hand it over to be
+/// joined once it ends: see handed_over_threads.hpp).
 void stop_progress_thread(const std::shared_ptr<EngineCore>& engine, std::thread& thread);
 
 }  // namespace corma::backend_kit
