@@ -54,7 +54,7 @@ struct ConsumerConfig {
   /// it (version 4), each lease is renewed by a frame of its own (version
   /// 3), async_push_fetch reads instead (version 2) and async_fetch_many
   /// fetches one object at a time (version 1).
-  std::uint16_t protocol_version = 5;
+  std::uint16_t protocol_version = rendezvous_protocol_version;
   /// Remote keys async_fetch_many keeps imported for the owner's exports
   /// (each imported once, then reused by every set that reads that export);
   /// past it the keys no read is using are let go. At least 1.

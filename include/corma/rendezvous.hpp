@@ -11,6 +11,11 @@
 
 namespace corma {
 
+/// The rendezvous protocol version this corma speaks: a consumer offers it,
+/// an owner speaks it and every older one (docs/protocol.md, "Versions"),
+/// and announces it in the directory.
+inline constexpr std::uint16_t rendezvous_protocol_version = 5;
+
 /// Object names are at most this long; a frame naming a longer one is
 /// malformed.
 inline constexpr std::size_t max_object_name_length = 4096;

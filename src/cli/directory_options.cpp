@@ -1,5 +1,7 @@
 #include "directory_options.hpp"
 
+#include <corma/rendezvous.hpp>
+
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/use_future.hpp>
@@ -27,7 +29,7 @@ Announcement serve_announcement(const ServeOptions& options, const asio::ip::tcp
   a.owner.port = bound.port();
   a.owner.machine = host;
   a.owner.transport = rdma ? options.transport.transport : "none";
-  a.owner.protocol_version = 3;
+  a.owner.protocol_version = rendezvous_protocol_version;
   a.prefixes = options.announce.empty() ? std::vector<std::string>{""} : options.announce;
   a.ttl = std::chrono::seconds(std::max<long>(1, static_cast<long>(options.announce_ttl_s)));
   return a;

@@ -51,6 +51,9 @@ Result<Target> find_target(asio::io_context& io, const GetOptions& options, cons
   }
   CORMA_TRY(auto config, directory_config(options.directory));
   config.watch = false;  // one fetch: nothing to keep fresh
+  config.on_rejected_entry = [](const std::string& owner, const Error& why) {
+    std::fprintf(stderr, "corma get: skipped owner %s's directory entry: %s\n", owner.c_str(), why.message().c_str());
+  };
   auto directory = std::make_shared<Directory>(io.get_executor(), config);
   auto resolving = directory->async_resolve(path, asio::use_future);
   io.run();

@@ -114,6 +114,10 @@ OwnerMetrics::OwnerMetrics(bool with_registry, bool with_directory) {
     directory_counter("corma_directory_stale_resolutions_total",
                       "Resolutions answered from an old cache entry because etcd could not be reached.",
                       &DirectoryStats::stale_resolutions);
+    directory_counter("corma_directory_rejected_entries_total",
+                      "Owner entries skipped because no consumer could rank or reach what they say (each owner "
+                      "and entry once).",
+                      &DirectoryStats::rejected_entries);
     announced_ = &gauge("corma_directory_announced", "1 while the owner's announcement is in etcd.").Add({});
     watching_ = &gauge("corma_directory_watching",
                        "1 while the watch that keeps the resolution cache fresh is live.")

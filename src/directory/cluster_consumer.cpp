@@ -23,10 +23,33 @@ namespace asio = boost::asio;
 
 namespace {
 
-/// The owner, not the object, failed: another owner may serve it.
-bool owner_failed(const Error& error) {
+/// Whether another owner may serve what this one did not: every failure to
+/// reach, greet or be served by an owner moves on (refused or closed,
+/// silent past the io timeout, something that is not corma on its port or a
+/// version it cannot agree on: `protocol`, a descriptor it cannot trust,
+/// the owner draining, refusing for lack of room, or not holding the name).
+/// What another owner would meet the same way ends the fetch: the caller's
+/// cancellation, a range the object does not have, this side's sink or
+/// provider failing (`backend`), and `object_changed` (bytes of a version
+/// already written must not be followed by another version's).
+bool another_owner_may_serve(const Error& error) {
   return error.is(errc::peer_unreachable) || error.is(errc::timeout) || error.is(errc::shutting_down) ||
-         error.is(errc::region_not_found);
+         error.is(errc::region_not_found) || error.is(errc::protocol) || error.is(errc::invalid_key) ||
+         error.is(errc::budget_exceeded);
+}
+
+/// What a fetch every owner failed ends with: the one error they all gave
+/// (all not holding the name: region_not_found), or peer_unreachable,
+/// saying each owner and why it was left.
+Error every_owner_failed(const std::string& name, const std::vector<ClusterOutcome::Failed>& failed) {
+  std::string tried;
+  bool same = !failed.empty();
+  for (const auto& f : failed) {
+    tried += (tried.empty() ? "" : "; ") + f.owner + ": " + f.error.message();
+    same = same && f.error.code == failed.front().error.code;
+  }
+  return Error{same ? failed.front().error.code : make_error_code(errc::peer_unreachable),
+               "every owner of '" + name + "' failed (" + tried + ")"};
 }
 
 }  // namespace
@@ -60,7 +83,6 @@ struct ClusterConsumer::State {
   asio::awaitable<Result<ClusterOutcome>> fetch(const std::string& name, const FetchFrom& fetch_from) {
     CORMA_CO_TRY(auto owners, co_await directory->async_resolve(name));
     ClusterOutcome outcome;
-    bool only_not_found = true;
     for (const auto& owner : owners) {
       auto consumer = co_await connected(owner);
       // Not a conditional expression around the co_await: g++ 12 destroys
@@ -76,19 +98,15 @@ struct ClusterConsumer::State {
         outcome.owner = owner.id;
         co_return outcome;
       }
-      if (!owner_failed(fetched.error())) co_return std::move(fetched).error();
-      // Lost (or stale in the directory): its connection goes, the next owner is tried.
-      if (!fetched.error().is(errc::region_not_found)) {
-        only_not_found = false;
-        pool.erase(owner.id);
-      }
+      if (!another_owner_may_serve(fetched.error())) co_return std::move(fetched).error();
+      // Lost, stale in the directory, or not an owner at all: its
+      // connection goes (unless it merely lacks the name), the next owner
+      // is tried.
+      if (!fetched.error().is(errc::region_not_found)) pool.erase(owner.id);
       ClusterOutcome::Failed failed{owner.id, std::move(fetched).error()};
       outcome.failed.push_back(std::move(failed));
     }
-    std::string tried;
-    for (const auto& failed : outcome.failed) tried += (tried.empty() ? "" : "; ") + failed.owner + ": " + failed.error.message();
-    co_return fail(only_not_found ? errc::region_not_found : errc::peer_unreachable,
-                   "every owner of '" + name + "' failed (" + tried + ")");
+    co_return every_owner_failed(name, outcome.failed);
   }
 };
 
@@ -193,7 +211,7 @@ asio::awaitable<Result<ClusterManyFetched>> ClusterConsumer::fetch_many(std::vec
               if (outcome) {
                 result.outcomes[i] = std::move(outcome);
                 result.owners[i] = owner->id;
-              } else if (owner_failed(outcome.error()) && !outcome.error().is(errc::cancelled)) {
+              } else if (another_owner_may_serve(outcome.error())) {
                 lost = lost || !outcome.error().is(errc::region_not_found);
                 result.outcomes[i] = std::move(outcome).error();
                 pending.push_back(i);  // to its next owner

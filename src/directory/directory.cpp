@@ -44,6 +44,15 @@ void order_owners(std::vector<OwnerEntry>& owners, const std::string& name, cons
   std::sort(owners.begin(), owners.end(), [&](const auto& a, const auto& b) { return rank(a) < rank(b); });
 }
 
+/// The load source's figure, within what consumers accept.
+std::uint64_t load_now(const Announcement& announcement) {
+  return std::min(announcement.current_load(), directory::max_owner_load);
+}
+
+/// Owners whose bad entries were counted, each with the entry: a changed
+/// entry is counted again. Bounded: past this many the set starts over.
+constexpr std::size_t max_rejected_remembered = 10000;
+
 }  // namespace
 
 Result<DirectoryConfig> parse_directory_address(std::string_view address) {
@@ -79,6 +88,7 @@ struct Directory::State : std::enable_shared_from_this<State> {
   DirectoryConfig config;
   EtcdClient client;
   DirectoryStats stats;
+  std::map<std::string, std::string> rejected;  ///< owner id: the bad entry counted
 
   // ---- the owner's side ----
   std::optional<Announcement> announcement;
@@ -88,7 +98,7 @@ struct Directory::State : std::enable_shared_from_this<State> {
 
   /// Grants a lease and writes everything announced under it.
   asio::awaitable<Result<void>> write_announcement() {
-    if (announcement->current_load) announcement->owner.load = announcement->current_load();
+    if (announcement->current_load) announcement->owner.load = load_now(*announcement);
     const auto a = *announcement;  // a withdrawal while etcd answers must not pull it from under us
     CORMA_CO_TRY(auto granted, co_await client.grant_lease(a.ttl));
     lease = granted;
@@ -107,7 +117,7 @@ struct Directory::State : std::enable_shared_from_this<State> {
     if (!announcement || !announcement->current_load) co_return success();
     auto entry = announcement->owner;
     const auto announced_load = entry.load;
-    entry.load = announcement->current_load();
+    entry.load = load_now(*announcement);
     if (entry.load == announced_load) co_return success();
     CORMA_CO_TRY(co_await client.put(directory::owner_key(config, entry.id), directory::encode_owner(entry), lease));
     // Unless a new announcement replaced this one meanwhile.
@@ -244,6 +254,17 @@ struct Directory::State : std::enable_shared_from_this<State> {
     co_return families;
   }
 
+  /// Counts a bad owner entry and tells the config's reporter, once per
+  /// owner and entry.
+  void reject(std::string id, const std::string& value, const Error& why) {
+    auto [it, fresh] = rejected.try_emplace(std::move(id), value);
+    if (!fresh && it->second == value) return;
+    it->second = value;
+    ++stats.rejected_entries;
+    if (config.on_rejected_entry) config.on_rejected_entry(it->first, why);
+    if (rejected.size() > max_rejected_remembered) rejected.clear();
+  }
+
   std::shared_ptr<const Family> store(const std::string& prefix, std::vector<directory::KeyValue> kvs,
                                       clock_type::time_point read, std::uint64_t epoch) {
     auto family = std::make_shared<Family>();
@@ -253,7 +274,12 @@ struct Directory::State : std::enable_shared_from_this<State> {
         const auto id = std::string_view(kv.key).substr(prefix.size());
         // An entry that is not one is skipped: another writer's mistake must
         // not hide the owners that announced themselves properly.
-        if (auto owner = directory::decode_owner(id, kv.value)) family->owners.emplace(id, std::move(owner).value());
+        auto owner = directory::decode_owner(id, kv.value);
+        if (!owner) {
+          reject(std::string(id), kv.value, owner.error());
+          continue;
+        }
+        family->owners.emplace(id, std::move(owner).value());
       }
     }
     // Bounded: past this many names the cache starts over.
@@ -287,6 +313,7 @@ DirectoryStats Directory::stats() const {
 asio::awaitable<Result<void>> Directory::announce(Announcement announcement) {
   auto state = state_;
   CORMA_CO_TRY(directory::check_owner_id(announcement.owner.id));
+  CORMA_CO_TRY(directory::check_owner_entry(announcement.owner));
   if (announcement.ttl.count() < 1) co_return fail(errc::out_of_range, "an announcement's ttl is at least 1 s");
   if (state->lease != 0) (void)co_await state->client.revoke(std::exchange(state->lease, 0));
   state->announcement = std::move(announcement);

@@ -1,5 +1,6 @@
 #include "records.hpp"
 
+#include <boost/asio/ip/address.hpp>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -51,24 +52,63 @@ std::string encode_owner(const OwnerEntry& owner) {
       .dump();
 }
 
+namespace {
+
+/// A whole number from 0 to `most`: not a float (1e308 is not a load), not
+/// negative, not past what its field holds.
+Result<std::uint64_t> whole_number(const nlohmann::json& entry, const char* field, std::uint64_t most) {
+  const auto& value = entry.at(field);
+  if (!value.is_number_unsigned()) return fail(errc::protocol, std::string("an owner's ") + field + " that is not a whole number");
+  const auto number = value.get<std::uint64_t>();
+  if (number > most) return fail(errc::protocol, std::string("an owner's ") + field + " past " + std::to_string(most));
+  return number;
+}
+
+bool known_transport(std::string_view transport) {
+  return transport == "tcp" || transport == "shm" || transport == "verbs" || transport == "none";
+}
+
+}  // namespace
+
 Result<OwnerEntry> decode_owner(std::string_view id, std::string_view json) {
   auto parsed = nlohmann::json::parse(json, nullptr, false);
   if (parsed.is_discarded() || !parsed.is_object()) return fail(errc::protocol, "an owner entry that is not a JSON object");
+  OwnerEntry owner;
   try {
-    OwnerEntry owner;
     owner.id = std::string(id);
     owner.host = parsed.at("host").get<std::string>();
-    const auto port = parsed.at("port").get<std::uint64_t>();
-    if (port == 0 || port > std::numeric_limits<std::uint16_t>::max()) return fail(errc::protocol, "an owner port out of range");
+    CORMA_TRY(const auto port, whole_number(parsed, "port", std::numeric_limits<std::uint16_t>::max()));
     owner.port = static_cast<std::uint16_t>(port);
     owner.machine = parsed.at("machine").get<std::string>();
     owner.transport = parsed.at("transport").get<std::string>();
-    owner.protocol_version = parsed.at("protocol").get<std::uint16_t>();
-    owner.load = parsed.at("load").get<std::uint64_t>();
-    return owner;
+    CORMA_TRY(const auto version, whole_number(parsed, "protocol", std::numeric_limits<std::uint16_t>::max()));
+    owner.protocol_version = static_cast<std::uint16_t>(version);
+    CORMA_TRY(const auto load, whole_number(parsed, "load", max_owner_load));
+    owner.load = load;
   } catch (const nlohmann::json::exception& e) {
     return fail(errc::protocol, std::string("an owner entry without its fields: ") + e.what());
   }
+  if (auto checked = check_owner_entry(owner); !checked) return fail(errc::protocol, checked.error().detail);
+  return owner;
+}
+
+Result<void> check_owner_entry(const OwnerEntry& owner) {
+  boost::system::error_code ec;
+  (void)boost::asio::ip::make_address(owner.host, ec);
+  if (ec) return fail(errc::out_of_range, "an owner's host is an IP address, not '" + owner.host.substr(0, 64) + "'");
+  if (owner.port == 0) return fail(errc::out_of_range, "an owner's port is 1 to 65535");
+  if (owner.machine.size() > max_machine_name) {
+    return fail(errc::out_of_range, "an owner's machine name is at most " + std::to_string(max_machine_name) + " bytes");
+  }
+  if (!known_transport(owner.transport)) {
+    return fail(errc::out_of_range, "an owner's transport is tcp, shm, verbs or none, not '" +
+                                        owner.transport.substr(0, 32) + "'");
+  }
+  if (owner.protocol_version == 0) return fail(errc::out_of_range, "an owner's protocol version is at least 1");
+  if (owner.load > max_owner_load) {
+    return fail(errc::out_of_range, "an owner's load is at most " + std::to_string(max_owner_load));
+  }
+  return success();
 }
 
 Result<void> check_owner_id(std::string_view id) {

@@ -10,6 +10,7 @@
 
 #include <corma/directory.hpp>
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -31,8 +32,21 @@ struct NameAndOwner {
 [[nodiscard]] std::optional<NameAndOwner> split_name_key(std::string_view key, std::string_view family_prefix);
 
 [[nodiscard]] std::string encode_owner(const OwnerEntry& owner);
-/// Strict: anything else than an object with these fields is refused.
+/// Strict: anything else than an object with these fields, each passing
+/// check_owner_entry(), is refused (`protocol`).
 [[nodiscard]] Result<OwnerEntry> decode_owner(std::string_view id, std::string_view json);
+
+/// The most an owner may announce as its load: a figure past it (or one
+/// that is not a whole number) is not a load but an attempt to win or break
+/// the ranking.
+inline constexpr std::uint64_t max_owner_load = std::uint64_t{1} << 40;
+inline constexpr std::size_t max_machine_name = 255;
+
+/// What a consumer can rank and connect to: `host` an IP address, a port,
+/// a machine name of at most max_machine_name bytes, a transport corma
+/// knows, a protocol version it could speak, a load at most max_owner_load.
+/// An owner id is checked apart (check_owner_id).
+[[nodiscard]] Result<void> check_owner_entry(const OwnerEntry& owner);
 
 /// An owner id is 1..128 bytes of [A-Za-z0-9._-] (it ends keys).
 [[nodiscard]] Result<void> check_owner_id(std::string_view id);

@@ -14,7 +14,10 @@
 
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/cancellation_signal.hpp>
+#include <boost/asio/as_tuple.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
 
 #include <algorithm>
 #include <optional>
@@ -38,6 +41,26 @@ class ClusterConsumerTest : public corma::testing::ClusterTest {
                                          },
                                          {}};
     return corma::testing::run(io, cluster.async_fetch_to("obj", std::move(destination)));
+  }
+
+  /// Every "part-<i>" into its place in `region`, as one set.
+  corma::Result<corma::ClusterManyFetched> fetch_parts(corma::ClusterConsumer& cluster, corma::RegionGuard& region) {
+    std::vector<std::string> names;
+    std::vector<corma::FetchSlot> slots;
+    for (std::size_t i = 0; i < AnnouncedOwner::parts; ++i) {
+      names.push_back("part-" + std::to_string(i));
+      slots.push_back({&region, i * AnnouncedOwner::part_size, AnnouncedOwner::part_size});
+    }
+    return corma::testing::run(io, cluster.async_fetch_many(std::move(names), std::move(slots)));
+  }
+
+  /// Every part of `set` arrived, each from `owner`.
+  static void expect_every_part_from(const corma::Result<corma::ClusterManyFetched>& set, const std::string& owner) {
+    ASSERT_TRUE(set) << set.error().message();
+    for (std::size_t i = 0; i < AnnouncedOwner::parts; ++i) {
+      ASSERT_TRUE(set.value().outcomes[i]) << set.value().outcomes[i].error().message();
+      EXPECT_EQ(set.value().owners[i], owner);
+    }
   }
 };
 
@@ -143,13 +166,7 @@ TEST_F(ClusterConsumerTest, ASetIsSpreadOverTheReplicasAndALostOwnersObjectsGoTo
       corma::testing::run(io, registry.async_register(landing, corma::Access::local, asio::use_awaitable)).value();
   auto fetch_all = [&] {
     std::fill(landing.begin(), landing.end(), std::byte{0});
-    std::vector<std::string> names;
-    std::vector<corma::FetchSlot> slots;
-    for (std::size_t i = 0; i < AnnouncedOwner::parts; ++i) {
-      names.push_back("part-" + std::to_string(i));
-      slots.push_back({&region, i * AnnouncedOwner::part_size, AnnouncedOwner::part_size});
-    }
-    return corma::testing::run(io, cluster.async_fetch_many(std::move(names), std::move(slots)));
+    return fetch_parts(cluster, region);
   };
   const std::span whole(bytes.data(), landing.size());
   auto spread = fetch_all();
@@ -163,14 +180,74 @@ TEST_F(ClusterConsumerTest, ASetIsSpreadOverTheReplicasAndALostOwnersObjectsGoTo
   EXPECT_TRUE(std::equal(landing.begin(), landing.end(), whole.begin()));
 
   first->kill();
-  auto replanned = fetch_all();
-  ASSERT_TRUE(replanned) << replanned.error().message();
-  for (std::size_t i = 0; i < AnnouncedOwner::parts; ++i) {
-    ASSERT_TRUE(replanned.value().outcomes[i]) << replanned.value().outcomes[i].error().message();
-    EXPECT_EQ(replanned.value().owners[i], "owner-2");
-  }
+  ASSERT_NO_FATAL_FAILURE(expect_every_part_from(fetch_all(), "owner-2"));
   EXPECT_TRUE(std::equal(landing.begin(), landing.end(), whole.begin()));
   first.reset();
+}
+
+/// Announces `id` at `port` of 127.0.0.1 with load 0 (so it ranks first):
+/// a well-formed entry for something that is not a working owner.
+std::unique_ptr<corma::Directory> announce_impostor(asio::io_context& io, const corma::DirectoryConfig& config,
+                                                   std::string id, std::uint16_t port) {
+  auto directory = std::make_unique<corma::Directory>(io.get_executor(), config);
+  corma::Announcement a;
+  a.owner = corma::OwnerEntry{std::move(id), "127.0.0.1", port, "host", "none", 5, 0};
+  a.prefixes = {""};
+  EXPECT_TRUE(corma::testing::run(io, directory->async_announce(std::move(a))));
+  return directory;
+}
+
+TEST_F(ClusterConsumerTest, OwnersThatAreNotCormaSilentOrGoneAreLeftForTheNextAndTheOutcomeSaysWhy) {
+  AnnouncedOwner good(io, config(), "owner-good", 7, bytes);
+  ASSERT_TRUE(good.announced);
+  // An HTTP server's answer on one port, a listener that never speaks on
+  // another, and a port nobody listens on.
+  asio::ip::tcp::acceptor http(io, {asio::ip::make_address("127.0.0.1"), 0});
+  asio::co_spawn(
+      io,
+      [&http]() -> asio::awaitable<void> {
+        for (;;) {
+          auto [ec, socket] = co_await http.async_accept(asio::as_tuple(asio::use_awaitable));
+          if (ec) co_return;
+          static constexpr std::string_view reply = "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n";
+          (void)co_await asio::async_write(socket, asio::buffer(reply), asio::as_tuple(asio::use_awaitable));
+        }
+      },
+      asio::detached);
+  asio::ip::tcp::acceptor silent(io, {asio::ip::make_address("127.0.0.1"), 0});
+  silent.listen();  // connections complete in the backlog and are never answered
+  std::uint16_t gone_port = 0;
+  {
+    asio::ip::tcp::acceptor closed(io, {asio::ip::make_address("127.0.0.1"), 0});
+    gone_port = closed.local_endpoint().port();
+  }
+  const auto impostors = {announce_impostor(io, config(), "not-corma", http.local_endpoint().port()),
+                          announce_impostor(io, config(), "silent", silent.local_endpoint().port()),
+                          announce_impostor(io, config(), "gone", gone_port)};
+  corma::ConsumerConfig consumer_config;
+  consumer_config.io_timeout = std::chrono::milliseconds(300);
+  corma::ClusterConsumer cluster(io.get_executor(), std::make_shared<corma::Directory>(io.get_executor(), config()),
+                                 nullptr, consumer_config);
+  std::vector<std::byte> got;
+  auto fetched = fetch(cluster, got);
+  ASSERT_TRUE(fetched) << fetched.error().message();
+  EXPECT_EQ(fetched.value().owner, "owner-good");
+  EXPECT_EQ(got, bytes);
+  std::map<std::string, corma::Error> left;
+  for (const auto& failed : fetched.value().failed) left.emplace(failed.owner, failed.error);
+  ASSERT_EQ(left.size(), 3u) << "every impostor ranks first and is tried once";
+  EXPECT_FALSE(left.at("not-corma").is(errc::cancelled)) << left.at("not-corma").message();
+  EXPECT_TRUE(left.at("silent").is(errc::timeout)) << left.at("silent").message();
+  EXPECT_TRUE(left.at("gone").is(errc::peer_unreachable)) << left.at("gone").message();
+
+  // A set goes the same way: every name ends at the good owner.
+  std::vector<std::byte> landing(AnnouncedOwner::parts * AnnouncedOwner::part_size);
+  corma::Registry registry(corma::testing::TestBackend::create(), corma::RegistryConfig{1 << 30, 0});
+  auto region =
+      corma::testing::run(io, registry.async_register(landing, corma::Access::local, asio::use_awaitable)).value();
+  ASSERT_NO_FATAL_FAILURE(expect_every_part_from(fetch_parts(cluster, region), "owner-good"));
+  EXPECT_TRUE(std::equal(landing.begin(), landing.end(), bytes.begin()));
+  http.close();
 }
 
 TEST_F(ClusterConsumerTest, ASetCancelledWhileAnOwnerIsSilentAnswersCancelledAndTriesNoOtherOwner) {

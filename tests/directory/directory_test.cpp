@@ -13,6 +13,8 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include <optional>
 
 #include "directory/etcd_client.hpp"
@@ -227,6 +229,50 @@ TEST_F(DirectoryTest, WhileEtcdIsDownResolutionsComeFromTheCacheAndSaySo) {
   EXPECT_TRUE(never_seen.error().is(errc::peer_unreachable)) << never_seen.error().message();
 }
 
+TEST_F(DirectoryTest, EntriesNoConsumerCouldUseAreSkippedCountedAndReportedOncePerOwner) {
+  corma::Directory announcing(io.get_executor(), config("host-b"));
+  ASSERT_TRUE(corma::testing::run(io, announcing.async_announce(owner("owner-good", "host-b", 5, {"obj"}))));
+  // Someone with write access to etcd announces owners under the empty
+  // prefix, with loads and hosts made to win the ranking.
+  auto c = config();
+  corma::directory::EtcdClient writer(io.get_executor(), "127.0.0.1", c.port, std::chrono::seconds(2));
+  const std::vector<std::pair<std::string, std::string>> evil = {
+      {"evil-host", R"({"host": "not-an-ip", "port": 7000, "machine": "consumer-host", "transport": "tcp", "protocol": 5, "load": 0})"},
+      {"evil-empty", R"({"host": "", "port": 7000, "machine": "consumer-host", "transport": "tcp", "protocol": 5, "load": 0})"},
+      {"evil-huge", R"({"host": "127.0.0.1", "port": 7000, "machine": "consumer-host", "transport": "tcp", "protocol": 5, "load": 1e308})"},
+      {"evil-wrap", R"({"host": "127.0.0.1", "port": 7000, "machine": "consumer-host", "transport": "tcp", "protocol": 5, "load": 18446744073709551616})"}};
+  for (const auto& [id, json] : evil) {
+    ASSERT_TRUE(corma::testing::run(io, writer.put(corma::directory::owner_key(c, id), json, 0)));
+    ASSERT_TRUE(corma::testing::run(io, writer.put(corma::directory::prefix_key(c, "", id), "", 0)));
+  }
+  std::map<std::string, int> reported;
+  c.on_rejected_entry = [&reported](const std::string& id, const corma::Error&) { ++reported[id]; };
+  corma::Directory consumer(io.get_executor(), c);
+  EXPECT_EQ(resolve_ids(consumer, "obj"), std::vector<std::string>{"owner-good"});
+  EXPECT_EQ(resolve_ids(consumer, "other"), std::vector<std::string>{}) << "a bad owner's prefix served a name";
+  EXPECT_EQ(resolve_ids(consumer, "obj"), std::vector<std::string>{"owner-good"});
+  EXPECT_EQ(consumer.stats().rejected_entries, evil.size());
+  EXPECT_EQ(reported.size(), evil.size());
+  for (const auto& [id, times] : reported) EXPECT_EQ(times, 1) << id << " reported more than once";
+  // A changed bad entry is a new one.
+  ASSERT_TRUE(corma::testing::run(
+      io, writer.put(corma::directory::owner_key(c, "evil-host"),
+                     R"({"host": "still-no-ip", "port": 7000, "machine": "m", "transport": "tcp", "protocol": 5, "load": 0})", 0)));
+  // (Seen once the watch reports the change.)
+  EXPECT_TRUE(resolves_eventually(
+      consumer, "obj",
+      [&](const auto& ids) {
+        return ids == std::vector<std::string>{"owner-good"} && consumer.stats().rejected_entries == evil.size() + 1;
+      },
+      std::chrono::seconds(5)));
+  EXPECT_EQ(reported["evil-host"], 2);
+  // And none can be announced.
+  corma::Directory bad(io.get_executor(), config());
+  auto refused = corma::testing::run(io, bad.async_announce(owner("owner-bad", "m", corma::directory::max_owner_load + 1, {"obj"})));
+  ASSERT_FALSE(refused);
+  EXPECT_TRUE(refused.error().is(errc::out_of_range)) << refused.error().message();
+}
+
 TEST(DirectoryRecords, KeysAndEntriesAreCheckedBeforeUse) {
   corma::DirectoryConfig config;
   const auto key = corma::directory::name_key(config, "a/b", "owner-1");
@@ -255,6 +301,44 @@ TEST(DirectoryRecords, KeysAndEntriesAreCheckedBeforeUse) {
   EXPECT_TRUE(corma::parse_directory_address("http://127.0.0.1:2379"));
   EXPECT_FALSE(corma::parse_directory_address("127.0.0.1"));
   EXPECT_FALSE(corma::parse_directory_address("127.0.0.1:99999"));
+}
+
+/// An owner entry as JSON text, one field replaced by `value` (raw JSON).
+std::string owner_json_with(const std::string& field, const std::string& value) {
+  std::map<std::string, std::string> fields = {{"host", "\"10.0.0.1\""}, {"port", "7000"},   {"machine", "\"m\""},
+                                               {"transport", "\"tcp\""},  {"protocol", "5"}, {"load", "3"}};
+  fields[field] = value;
+  std::string json = "{";
+  for (const auto& [name, text] : fields) json += (json.size() > 1 ? ", \"" : "\"") + name + "\": " + text;
+  return json + "}";
+}
+
+TEST(DirectoryRecords, AnOwnerEntryAConsumerCouldNotRankOrReachIsRefusedFieldByField) {
+  ASSERT_TRUE(corma::directory::decode_owner("o", owner_json_with("load", "3")));
+  ASSERT_TRUE(corma::directory::decode_owner("o", owner_json_with("host", "\"::1\"")));
+  EXPECT_EQ(corma::directory::decode_owner("o", owner_json_with("load", "1099511627776")).value().load,
+            corma::directory::max_owner_load);
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"host", "\"not-an-ip\""},  {"host", "\"\""},          {"host", "\"10.0.0.1:80\""},
+      {"port", "0"},              {"port", "70000"},         {"port", "\"7000\""},
+      {"port", "-1"},             {"machine", std::string("\"") + std::string(300, 'm') + "\""},
+      {"transport", "\"pigeon\""}, {"transport", "\"\""},     {"protocol", "0"},
+      {"protocol", "1.5"},        {"load", "1e308"},         {"load", "18446744073709551616"},
+      {"load", "-1"},             {"load", "0.5"},           {"load", "1099511627777"},
+      {"load", "null"}};
+  for (const auto& [field, value] : refused) {
+    auto decoded = corma::directory::decode_owner("o", owner_json_with(field, value));
+    ASSERT_FALSE(decoded) << field << " = " << value << " was accepted";
+    EXPECT_TRUE(decoded.error().is(errc::protocol)) << decoded.error().message();
+  }
+  // The same rules for what an owner announces.
+  corma::OwnerEntry entry{"o", "a-name", 7000, "m", "tcp", 5, 0};
+  EXPECT_TRUE(corma::directory::check_owner_entry(entry).error().is(errc::out_of_range));
+  entry.host = "10.0.0.1";
+  entry.load = corma::directory::max_owner_load + 1;
+  EXPECT_FALSE(corma::directory::check_owner_entry(entry));
+  entry.load = 0;
+  EXPECT_TRUE(corma::directory::check_owner_entry(entry));
 }
 
 }  // namespace

@@ -18,7 +18,7 @@ namespace corma::rendezvous {
 
 /// The version a consumer offers and an owner speaks; an owner also
 /// serves consumers of every version from oldest_protocol_version on.
-inline constexpr std::uint16_t protocol_version = 5;
+inline constexpr std::uint16_t protocol_version = rendezvous_protocol_version;
 inline constexpr std::uint16_t oldest_protocol_version = 1;
 /// Version 2 adds the batch frames (acquire_many, granted, release_many,
 /// released_many), hello_ok's max_batch, and RDMA windows (rdma_window,

@@ -1,8 +1,12 @@
 // ClusterConsumer: fetches by name from whichever owner serves it, found
 // through a Directory, with one pooled connection per owner (made when
-// first needed) and failover: a fetch whose owner is lost (connection
-// closed, peer_unreachable, timeout) or drains is tried on the next owner,
-// once per owner, and the outcome says which owner served it.
+// first needed) and failover: a fetch its owner does not serve (the
+// connection refused or closed, the owner silent past the io timeout,
+// something other than corma on its port, a version or backend mismatch,
+// the owner draining, refusing, or not holding the name) is tried on the
+// next owner, once per owner. A cancellation, a range the object does not
+// have, this side's own failure and a changed object end it at once. The
+// outcome says which owner served it and why each one before was left.
 #pragma once
 
 #include <corma/consumer.hpp>

@@ -42,6 +42,10 @@ struct DirectoryConfig {
   /// the first resolution). Off for a one-shot lookup (a command that
   /// resolves one name and exits): then every entry lives cache_ttl.
   bool watch = true;
+  /// Told of each owner entry skipped because it is not one a consumer can
+  /// rank and connect to (once per owner and entry; on the directory's
+  /// executor). Counted in DirectoryStats::rejected_entries either way.
+  std::function<void(const std::string& owner, const Error& why)> on_rejected_entry;
 };
 
 /// "HOST:PORT" or "http://HOST:PORT" (HOST an IP address) into a config.
@@ -92,7 +96,12 @@ struct DirectoryStats {
   /// Requests sent to etcd (a set resolved in one pass costs one per 128
   /// names not cached).
   std::uint64_t etcd_requests = 0;
-  std::uint64_t leases_granted = 0;  ///< more than one: etcd lost the lease and it was announced again
+  std::uint64_t leases_granted = 0;
+  /// Owner entries skipped because a consumer could not rank or reach what
+  /// they say (a host that is not an IP address, an unknown transport, a
+  /// load that is not a whole number up to 2^40...): each owner and entry
+  /// once.
+  std::uint64_t rejected_entries = 0;  ///< more than one: etcd lost the lease and it was announced again
   bool announced = false;
   /// The watch that keeps the cache fresh is live: a cached answer read
   /// under it stands until etcd reports a change to it.
