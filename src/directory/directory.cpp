@@ -3,6 +3,7 @@
 // resolutions from a cache refreshed from etcd, answered from older entries
 // while etcd cannot be reached.
 #include <corma/directory.hpp>
+#include <corma/rendezvous.hpp>
 
 #include "etcd_client.hpp"
 #include "key_watch.hpp"
@@ -95,19 +96,38 @@ struct Directory::State : std::enable_shared_from_this<State> {
   std::int64_t lease = 0;
   asio::steady_timer renewal;
   bool renewing = false;
+  /// Moves on with every announce() and withdraw(): work begun for one
+  /// announcement that finds another (or none) when etcd answers is dropped.
+  std::uint64_t announcement_epoch = 0;
 
-  /// Grants a lease and writes everything announced under it.
+  /// Grants a lease and writes everything announced under it. A lease
+  /// whose writes failed is revoked (entries missing under a lease renewed
+  /// for ever would hide the owner's names): the next renewal grants and
+  /// writes again.
   asio::awaitable<Result<void>> write_announcement() {
+    if (!announcement) co_return fail(errc::shutting_down, "the owner was withdrawn");
+    const auto epoch = announcement_epoch;
     if (announcement->current_load) announcement->owner.load = load_now(*announcement);
     const auto a = *announcement;  // a withdrawal while etcd answers must not pull it from under us
     CORMA_CO_TRY(auto granted, co_await client.grant_lease(a.ttl));
+    if (epoch != announcement_epoch) {
+      // Withdrawn, or announced anew, while etcd granted it: nobody's lease.
+      (void)co_await client.revoke(granted);
+      co_return fail(errc::shutting_down, "the announcement changed while its lease was granted");
+    }
     lease = granted;
     ++stats.leases_granted;
     std::vector<directory::KeyValue> kvs;
     kvs.push_back({directory::owner_key(config, a.owner.id), directory::encode_owner(a.owner), 0});
     for (const auto& name : a.names) kvs.push_back({directory::name_key(config, name, a.owner.id), {}, 0});
     for (const auto& prefix : a.prefixes) kvs.push_back({directory::prefix_key(config, prefix, a.owner.id), {}, 0});
-    CORMA_CO_TRY(co_await client.put_all(kvs, lease));
+    if (auto written = co_await client.put_all(kvs, granted); !written) {
+      if (lease == granted) {
+        lease = 0;
+        (void)co_await client.revoke(granted);  // if etcd is gone too, the lease lapses unrenewed
+      }
+      co_return written;
+    }
     stats.announced = true;
     co_return success();
   }
@@ -140,7 +160,11 @@ struct Directory::State : std::enable_shared_from_this<State> {
       auto [ec] = co_await timer.async_wait(asio::as_tuple(asio::use_awaitable));
       self = weak.lock();
       if (!self || ec || !self->announcement) co_return;
-      auto renewed = co_await self->client.keep_alive(self->lease);
+      const auto epoch = self->announcement_epoch;
+      Result<void> renewed = fail(errc::region_not_found, "no lease: its writes failed");
+      if (self->lease != 0) renewed = co_await self->client.keep_alive(self->lease);
+      // Withdrawn or announced anew meanwhile: that call looks after its own.
+      if (!self->announcement || epoch != self->announcement_epoch) continue;
       if (!renewed && renewed.error().is(errc::region_not_found)) renewed = co_await self->write_announcement();
       if (renewed) renewed = co_await self->write_changed_load();
       if (!renewed) ++self->stats.etcd_failures;  // tried again at the next turn
@@ -315,6 +339,16 @@ asio::awaitable<Result<void>> Directory::announce(Announcement announcement) {
   CORMA_CO_TRY(directory::check_owner_id(announcement.owner.id));
   CORMA_CO_TRY(directory::check_owner_entry(announcement.owner));
   if (announcement.ttl.count() < 1) co_return fail(errc::out_of_range, "an announcement's ttl is at least 1 s");
+  // Names and prefixes end keys before the owner id: a NUL in one, or a
+  // name no owner could serve, is refused here.
+  for (const auto& name : announcement.names) {
+    CORMA_CO_TRY(check_object_name(name));
+  }
+  for (const auto& prefix : announcement.prefixes) {
+    if (prefix.empty()) continue;  // every name
+    CORMA_CO_TRY(check_object_name(prefix));
+  }
+  ++state->announcement_epoch;
   if (state->lease != 0) (void)co_await state->client.revoke(std::exchange(state->lease, 0));
   state->announcement = std::move(announcement);
   auto written = co_await state->write_announcement();
@@ -336,6 +370,7 @@ asio::awaitable<Result<void>> Directory::announce(Announcement announcement) {
 
 asio::awaitable<Result<void>> Directory::withdraw() {
   auto state = state_;
+  ++state->announcement_epoch;
   state->announcement.reset();
   state->stats.announced = false;
   state->renewal.cancel();
