@@ -2,9 +2,12 @@
 
 #include "wire.hpp"
 
+#include <sys/random.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <random>
 #include <cstring>
 #include <string>
 
@@ -532,6 +535,30 @@ void Backend::Engine::run_peer_offer(const std::shared_ptr<ValueOp<PeerOffer>>& 
   op->completion.dispatch(PeerOffer{id, wire::encode_offer()});
 }
 
+namespace {
+
+/// A notification token from the kernel's cryptographic random source: a
+/// peer that saw other peers' tokens learns nothing of the next one (a
+/// seeded generator's outputs give its state away after a few hundred).
+std::uint64_t unguessable_token() {
+  std::uint64_t token = 0;
+  auto* bytes = reinterpret_cast<char*>(&token);
+  std::size_t filled = 0;
+  while (filled < sizeof token) {
+    const auto got = ::getrandom(bytes + filled, sizeof token - filled, 0);
+    if (got > 0) {
+      filled += static_cast<std::size_t>(got);
+    } else if (errno != EINTR) {
+      // No getrandom (a kernel before 3.17): the device it reads from.
+      std::random_device device("/dev/urandom");
+      return (std::uint64_t{device()} << 32) | device();
+    }
+  }
+  return token;
+}
+
+}  // namespace
+
 void Backend::Engine::run_peer_accept(const std::shared_ptr<ValueOp<PeerAnswer>>& op) {
   if (auto allowed = peers_allowed(); !allowed) return op->completion.dispatch(std::move(allowed).error());
   if (auto offer = wire::decode_offer(op->blob); !offer) return op->completion.dispatch(std::move(offer).error());
@@ -539,7 +566,7 @@ void Backend::Engine::run_peer_accept(const std::shared_ptr<ValueOp<PeerAnswer>>
   Peer peer;
   peer.reader = true;
   do {
-    peer.notify_token = token_source();
+    peer.notify_token = unguessable_token();
   } while (peer.notify_token == 0 || notify_tokens.contains(peer.notify_token));
   notify_tokens.emplace(peer.notify_token, id);
   const auto token = peer.notify_token;

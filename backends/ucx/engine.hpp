@@ -19,7 +19,6 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <random>
 #include <vector>
 
 namespace corma::ucx {
@@ -222,8 +221,7 @@ struct Backend::Engine final : backend_kit::TransferEngine<UcxTransferOp> {
   std::list<PutFlush> put_flushes;
 
   /// Notifications from peers, by the token each accepted peer was given.
-  std::map<std::uint64_t, PeerId> notify_tokens;
-  std::mt19937_64 token_source{std::random_device{}()};
+  std::map<std::uint64_t, PeerId> notify_tokens;  ///< each from the kernel's random source
   struct ArrivedNotification {
     ucp_ep_h reply = nullptr;  ///< where the acknowledgement goes (UCX's endpoint to the sender)
     wire::NotifyHeader header;
