@@ -11,6 +11,10 @@
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http.hpp>
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
 namespace corma::directory {
 
 namespace asio = boost::asio;
@@ -20,6 +24,18 @@ namespace http = beast::http;
 namespace {
 
 constexpr auto as_result = asio::as_tuple(asio::use_awaitable);
+
+/// TCP keep-alive on the watch's connection: a silent etcd (a partition, a
+/// dead host) is noticed within 5 + 3 * 2 = 11 s, the bound docs state.
+void keep_alive(asio::ip::tcp::socket& socket) {
+  boost::system::error_code ignored;
+  socket.set_option(asio::socket_base::keep_alive(true), ignored);
+  const int fd = socket.native_handle();
+  const int idle = 5, interval = 2, probes = 3;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof probes);
+}
 
 }  // namespace
 
@@ -80,9 +96,11 @@ asio::awaitable<bool> KeyWatch::watch_once() {
   if (auto [written, n] = co_await http::async_write(stream->socket, request, as_result); written || stopped_) {
     co_return false;
   }
-  // The stream has no end: no deadline from here on; a dead etcd closes it
-  // (or, across a partition, the connection's own keep-alive does).
+  // The stream has no end: no deadline from here on; a dead etcd closes it,
+  // and across a partition the connection's keep-alive ends it within
+  // keepalive_idle + keepalive_probes * keepalive_interval.
   stream->socket.expires_never();
+  keep_alive(stream->socket.socket());
   beast::flat_buffer buffer;
   http::response_parser<http::string_body> parser;
   parser.body_limit(boost::none);
@@ -105,19 +123,31 @@ asio::awaitable<bool> KeyWatch::watch_once() {
 }
 
 bool KeyWatch::take(const std::string& line) {
+  try {
+    return take_result(line);
+  } catch (const Json::exception&) {
+    return false;  // a line it cannot read: changes may have been missed, so the watch is broken
+  }
+}
+
+bool KeyWatch::take_result(const std::string& line) {
   auto message = Json::parse(line, nullptr, false);
-  if (message.is_discarded() || !message.contains("result")) return false;
+  if (message.is_discarded() || !message.is_object() || !message.contains("result")) return false;
   const auto& result = message["result"];
-  if (result.value("canceled", false)) return false;
+  if (!result.is_object() || result.value("canceled", false)) return false;
   if (result.value("created", false) && !live_) {
     live_ = true;
     if (callbacks_.live) callbacks_.live(true);
   }
   if (!result.contains("events")) return true;
-  for (const auto& event : result["events"]) {
+  const auto& events = result.at("events");
+  if (!events.is_array()) return false;
+  for (const auto& event : events) {
+    if (!event.is_object()) return false;
     if (!event.contains("kv")) continue;
-    auto key = from_base64(event["kv"].value("key", ""));
-    if (key && callbacks_.changed) callbacks_.changed(key.value());
+    auto key = from_base64(event.at("kv").value("key", ""));
+    if (!key) return false;  // a change it cannot name is a change it missed
+    if (callbacks_.changed) callbacks_.changed(key.value());
   }
   return true;
 }

@@ -45,8 +45,11 @@ class KeyWatch : public std::enable_shared_from_this<KeyWatch> {
   boost::asio::awaitable<void> run();
   /// One connection's watch, until it breaks; whether it ever went live.
   boost::asio::awaitable<bool> watch_once();
-  /// Handles one line of the stream; false when etcd cancelled the watch.
+  /// Handles one line of the stream; false when etcd cancelled the watch
+  /// or the line cannot be read whole (the watch is then broken: a change
+  /// may have been missed).
   bool take(const std::string& line);
+  bool take_result(const std::string& line);
 
   boost::asio::any_io_executor executor_;
   std::string host_;

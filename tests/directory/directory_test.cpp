@@ -9,15 +9,22 @@
 #include <corma/directory.hpp>
 
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/co_spawn.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <gtest/gtest.h>
 
+#include <array>
 #include <map>
 
 #include <optional>
 
 #include "directory/etcd_client.hpp"
+#include "directory/key_watch.hpp"
 #include "directory/records.hpp"
 
 namespace {
@@ -271,6 +278,57 @@ TEST_F(DirectoryTest, EntriesNoConsumerCouldUseAreSkippedCountedAndReportedOnceP
   auto refused = corma::testing::run(io, bad.async_announce(owner("owner-bad", "m", corma::directory::max_owner_load + 1, {"obj"})));
   ASSERT_FALSE(refused);
   EXPECT_TRUE(refused.error().is(errc::out_of_range)) << refused.error().message();
+}
+
+/// What a watch told of a stream that went live, sent `event_line`, then
+/// stayed open and silent: whether it went live and then broke, and the
+/// keys it reported changed.
+struct WatchSaw {
+  std::vector<bool> live;
+  std::vector<std::string> changed;
+  [[nodiscard]] bool broke() const { return live == std::vector<bool>{true, false}; }
+};
+
+WatchSaw watch_given(const std::string& event_line) {
+  asio::io_context io;
+  asio::ip::tcp::acceptor fake_etcd(io, {asio::ip::make_address("127.0.0.1"), 0});
+  asio::ip::tcp::socket held(io);
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<void> {
+        held = co_await fake_etcd.async_accept(asio::use_awaitable);
+        std::array<char, 4096> request{};
+        (void)co_await held.async_read_some(asio::buffer(request), asio::as_tuple(asio::use_awaitable));
+        const std::string stream = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n"
+                                   R"({"result":{"created":true}})" "\n" + event_line + "\n";
+        (void)co_await asio::async_write(held, asio::buffer(stream), asio::as_tuple(asio::use_awaitable));
+      },
+      asio::detached);
+  WatchSaw saw;
+  corma::directory::KeyWatch::Callbacks callbacks;
+  callbacks.live = [&saw](bool live) { saw.live.push_back(live); };
+  callbacks.changed = [&saw](const std::string& key) { saw.changed.push_back(key); };
+  auto watch = std::make_shared<corma::directory::KeyWatch>(io.get_executor(), "127.0.0.1",
+                                                             fake_etcd.local_endpoint().port(), "/p/",
+                                                             std::chrono::hours(1), callbacks);
+  watch->start();
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (saw.live.size() < 2 && saw.changed.empty() && std::chrono::steady_clock::now() < until) {
+    io.run_one_for(std::chrono::milliseconds(100));
+  }
+  watch->stop();
+  return saw;
+}
+
+TEST(DirectoryWatch, AnEventItCannotReadBreaksTheWatchSoNothingCachedIsTrustedAsIfNoChangeWasMissed) {
+  for (const std::string bad : {R"({"result":{"events":[{"kv":{"key":5}}]}})", R"({"result":{"events":[{"kv":{"key":"not base64!"}}]}})",
+                                R"({"result":{"events":{"kv":1}}})", R"({"result":{"events":[7]}})", R"({"result":[1,2]})",
+                                R"({"result":{"canceled":"yes"}})"}) {
+    EXPECT_TRUE(watch_given(bad).broke()) << bad;
+  }
+  const auto good = watch_given(R"({"result":{"events":[{"kv":{"key":"L3AveA=="}}]}})");
+  EXPECT_EQ(good.changed, std::vector<std::string>{"/p/x"});
+  EXPECT_EQ(good.live, std::vector<bool>{true});
 }
 
 TEST(DirectoryRecords, KeysAndEntriesAreCheckedBeforeUse) {
