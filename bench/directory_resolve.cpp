@@ -1,7 +1,7 @@
 #include "directory_resolve.hpp"
 
 #include "bench_support.hpp"
-#include "support/etcd_process.hpp"
+#include "private_etcd.hpp"
 
 #include <corma/directory.hpp>
 
@@ -21,18 +21,11 @@ constexpr std::size_t name_count = 10000;
 
 std::string name_of(std::size_t i) { return "model/shard-" + std::to_string(i); }
 
-/// Runs `io` until `done` is ready.
-template <class Future>
-auto wait(asio::io_context& io, Future done) {
-  while (done.wait_for(std::chrono::seconds(0)) != std::future_status::ready) io.run_one();
-  return done.get();
-}
-
 /// Seconds for `count` resolutions of random names.
 double resolve_random(asio::io_context& io, Directory& directory, std::size_t count, std::mt19937& random) {
   const auto start = clock_type::now();
   for (std::size_t i = 0; i < count; ++i) {
-    auto resolved = wait(io, directory.async_resolve(name_of(random() % name_count), asio::use_future));
+    auto resolved = run_until_ready(io, directory.async_resolve(name_of(random() % name_count), asio::use_future));
     if (!resolved) throw std::runtime_error("resolve: " + resolved.error().message());
   }
   return std::chrono::duration<double>(clock_type::now() - start).count();
@@ -41,20 +34,16 @@ double resolve_random(asio::io_context& io, Directory& directory, std::size_t co
 }  // namespace
 
 std::vector<Measurement> directory_resolve(const Options& options) {
-  if (auto missing = testing::EtcdProcess::missing()) {
-    std::fprintf(stderr, "  directory_resolve: skipped: %s\n", missing->c_str());
-    return {};
-  }
-  testing::EtcdProcess etcd;
-  if (!etcd.start()) throw std::runtime_error("etcd did not start: " + etcd.output());
+  auto etcd = start_private_etcd("directory_resolve");
+  if (!etcd) return {};
   asio::io_context io(1);
   DirectoryConfig config;
-  config.port = etcd.client_port();
+  config.port = etcd->client_port();
   Directory owner(io.get_executor(), config);
   Announcement announcement;
   announcement.owner = OwnerEntry{"owner-0", "127.0.0.1", 7300, "bench", "tcp", 3, 0};
   for (std::size_t i = 0; i < name_count; ++i) announcement.names.push_back(name_of(i));
-  if (auto announced = wait(io, owner.async_announce(announcement, asio::use_future)); !announced) {
+  if (auto announced = run_until_ready(io, owner.async_announce(announcement, asio::use_future)); !announced) {
     throw std::runtime_error("announce: " + announced.error().message());
   }
 
@@ -69,7 +58,7 @@ std::vector<Measurement> directory_resolve(const Options& options) {
   Directory direct(io.get_executor(), direct_config);
   std::mt19937 random(5);
   for (std::size_t i = 0; i < name_count; ++i) {  // fills the cache (the watch goes live meanwhile)
-    (void)wait(io, watched.async_resolve(name_of(i), asio::use_future));
+    (void)run_until_ready(io, watched.async_resolve(name_of(i), asio::use_future));
   }
   const std::size_t cached_ops = static_cast<std::size_t>(20000 * options.bytes_scale) + 1000;
   const std::size_t uncached_ops = static_cast<std::size_t>(300 * options.bytes_scale) + 50;

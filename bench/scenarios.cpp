@@ -7,6 +7,7 @@
 #include "fetch_many.hpp"
 #include "parallel_fetch.hpp"
 #include "push_fetch.hpp"
+#include "directory_failover.hpp"
 #include "directory_resolve.hpp"
 #include "replica_fetch.hpp"
 #include "one_sided.hpp"
@@ -539,6 +540,9 @@ std::vector<Measurement> run_scenarios(const Options& options) {
   if (selected(options, "push_fetch")) keep(push_fetch(options, "tcp"));
   if (selected(options, "directory_resolve")) {
     for (auto& m : directory_resolve(options)) keep(std::move(m));
+  }
+  if (selected(options, "directory_failover")) {
+    for (auto& m : directory_failover(options)) keep(std::move(m));
   }
   if (selected(options, "file_fetch")) {
     keep(file_fetch_chunked(options));
