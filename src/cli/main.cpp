@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
 
   const auto add_directory = [](CLI::App* command, DirectoryOptions& directory) {
-    command->add_option("--directory", directory.address, "HOST:PORT of the etcd the cluster's owners announce in");
+    command->add_option("--directory", directory.address, "HOST:PORT of the etcd the cluster's owners announce in (several, comma-separated: the members of etcd's cluster, the next used when one cannot be reached)");
     command->add_option("--directory-prefix", directory.key_prefix,
                         "key prefix of this cluster in etcd (several clusters can share one)")
         ->capture_default_str();

@@ -56,15 +56,16 @@ constexpr std::size_t max_rejected_remembered = 10000;
 
 }  // namespace
 
-Result<DirectoryConfig> parse_directory_address(std::string_view address) {
+namespace {
+
+Result<EtcdMember> parse_member(std::string_view address) {
   if (address.starts_with("http://")) address.remove_prefix(7);
   while (address.ends_with('/')) address.remove_suffix(1);
   const auto colon = address.rfind(':');
   if (colon == std::string_view::npos || colon == 0) {
     return fail(errc::out_of_range, "a directory address is HOST:PORT, HOST an IP address");
   }
-  DirectoryConfig config;
-  config.host = std::string(address.substr(0, colon));
+  EtcdMember member{std::string(address.substr(0, colon))};
   const auto port = address.substr(colon + 1);
   unsigned value = 0;
   for (char c : port) {
@@ -72,15 +73,35 @@ Result<DirectoryConfig> parse_directory_address(std::string_view address) {
     value = value * 10 + static_cast<unsigned>(c - '0');
   }
   if (port.empty() || value == 0 || value > 65535) return fail(errc::out_of_range, "a directory port is 1 to 65535");
-  config.port = static_cast<std::uint16_t>(value);
-  return config;
+  member.port = static_cast<std::uint16_t>(value);
+  return member;
+}
+
+}  // namespace
+
+Result<DirectoryConfig> parse_directory_address(std::string_view address) {
+  DirectoryConfig config;
+  bool first = true;
+  for (;;) {
+    const auto comma = address.find(',');
+    CORMA_TRY(auto member, parse_member(address.substr(0, comma)));
+    if (first) {
+      config.host = std::move(member.host);
+      config.port = member.port;
+      first = false;
+    } else {
+      config.other_members.push_back(std::move(member));
+    }
+    if (comma == std::string_view::npos) return config;
+    address.remove_prefix(comma + 1);
+  }
 }
 
 struct Directory::State : std::enable_shared_from_this<State> {
   State(asio::any_io_executor ex, DirectoryConfig c)
       : executor(ex),
         config(std::move(c)),
-        client(ex, config.host, config.port, config.request_timeout),
+        client(ex, directory::members_of(config), config.request_timeout),
         renewal(ex) {
     if (config.machine.empty()) config.machine = host_name();
   }
@@ -205,7 +226,7 @@ struct Directory::State : std::enable_shared_from_this<State> {
       self->watch_live = live;
       if (live) ++self->watch_epoch;  // what was read before may have missed changes
     };
-    watch = std::make_shared<directory::KeyWatch>(executor, config.host, config.port, config.key_prefix + "/",
+    watch = std::make_shared<directory::KeyWatch>(executor, directory::members_of(config), config.key_prefix + "/",
                                                   std::chrono::milliseconds(500), std::move(callbacks));
     watch->start();
   }

@@ -56,9 +56,21 @@ std::string prefix_end(std::string prefix) {
   return std::string(1, '\0');  // every key
 }
 
+std::vector<EtcdMember> members_of(const DirectoryConfig& config) {
+  std::vector<EtcdMember> members{EtcdMember{config.host, config.port}};
+  members.insert(members.end(), config.other_members.begin(), config.other_members.end());
+  return members;
+}
+
+EtcdClient::EtcdClient(asio::any_io_executor executor, std::vector<EtcdMember> members,
+                       std::chrono::milliseconds timeout)
+    : executor_(std::move(executor)), members_(std::move(members)), timeout_(timeout) {
+  if (members_.empty()) members_.push_back(EtcdMember{"127.0.0.1", 2379});
+}
+
 EtcdClient::EtcdClient(asio::any_io_executor executor, std::string host, std::uint16_t port,
                        std::chrono::milliseconds timeout)
-    : executor_(std::move(executor)), host_(std::move(host)), port_(port), timeout_(timeout) {}
+    : EtcdClient(std::move(executor), std::vector<EtcdMember>{EtcdMember{std::move(host), port}}, timeout) {}
 
 asio::awaitable<Result<beast::tcp_stream>> EtcdClient::connection() {
   if (!idle_.empty()) {
@@ -66,13 +78,14 @@ asio::awaitable<Result<beast::tcp_stream>> EtcdClient::connection() {
     idle_.pop_back();
     co_return stream;
   }
+  const auto to = member();
   boost::system::error_code ec;
-  const auto address = asio::ip::make_address(host_, ec);
-  if (ec) co_return fail(errc::not_configured, "etcd: '" + host_ + "' is not an IP address");
+  const auto address = asio::ip::make_address(to.host, ec);
+  if (ec) co_return fail(errc::not_configured, "etcd: '" + to.host + "' is not an IP address");
   beast::tcp_stream stream(executor_);
   stream.expires_after(timeout_);
-  auto [connected] = co_await stream.async_connect(asio::ip::tcp::endpoint(address, port_), as_result);
-  if (connected) co_return unreachable("connect to " + host_ + ":" + std::to_string(port_), connected);
+  auto [connected] = co_await stream.async_connect(asio::ip::tcp::endpoint(address, to.port), as_result);
+  if (connected) co_return unreachable("connect to " + to.host + ":" + std::to_string(to.port), connected);
   co_return stream;
 }
 
@@ -80,16 +93,23 @@ asio::awaitable<Result<Json>> EtcdClient::call(const char* path, const Json& bod
   // A connection kept from an earlier call may have been closed by etcd
   // (restarted, or idle too long): that one failure is retried once on a
   // fresh connection.
-  const bool reused = !idle_.empty();
-  auto answer = co_await call_once(path, body);
-  if (!answer && reused && answer.error().is(errc::peer_unreachable)) answer = co_await call_once(path, body);
+  // Then a member that cannot be reached is left for the next, each once.
+  Result<Json> answer = fail(errc::peer_unreachable, "etcd: no member");
+  for (std::size_t tried = 0; tried < members_.size(); ++tried) {
+    const bool reused = !idle_.empty();
+    answer = co_await call_once(path, body);
+    if (!answer && reused && answer.error().is(errc::peer_unreachable)) answer = co_await call_once(path, body);
+    if (answer || !answer.error().is(errc::peer_unreachable)) co_return answer;
+    idle_.clear();  // connections to the member left behind
+    current_ = (current_ + 1) % members_.size();
+  }
   co_return answer;
 }
 
 asio::awaitable<Result<Json>> EtcdClient::call_once(const char* path, const Json& body) {
   ++calls_;
   CORMA_CO_TRY(auto stream, co_await connection());
-  auto request = json_post(host_, path, body);
+  auto request = json_post(member().host, path, body);
   request.keep_alive(true);
   request.prepare_payload();
   stream.expires_after(timeout_);

@@ -7,6 +7,7 @@
 // connection. Every call has a deadline.
 #pragma once
 
+#include <corma/directory.hpp>
 #include <corma/error.hpp>
 
 #include <boost/asio/any_io_executor.hpp>
@@ -38,15 +39,26 @@ struct RangeResult {
   std::int64_t revision = 0;
 };
 
+/// Every member a config names, the first one first.
+[[nodiscard]] std::vector<EtcdMember> members_of(const DirectoryConfig& config);
+
 class EtcdClient {
  public:
+  /// Calls go to one member until it cannot be reached, then to the next.
+  EtcdClient(boost::asio::any_io_executor executor, std::vector<EtcdMember> members,
+             std::chrono::milliseconds timeout);
   EtcdClient(boost::asio::any_io_executor executor, std::string host, std::uint16_t port,
              std::chrono::milliseconds timeout);
 
   /// POSTs `body` to `path` and returns the JSON answer; `backend` when
-  /// etcd answers an error, `peer_unreachable` when it cannot be reached or
-  /// the call times out.
+  /// etcd answers an error, `peer_unreachable` when no member can be
+  /// reached or the call times out at each. A call that failed at one
+  /// member is made again at the next: a put or a revoke is the same done
+  /// twice; a lease granted twice leaves one to lapse unrenewed.
   boost::asio::awaitable<Result<Json>> call(const char* path, const Json& body);
+
+  /// The member calls go to now.
+  [[nodiscard]] const EtcdMember& current_member() const { return member(); }
 
   /// Requests made so far (one per round trip, retries included).
   [[nodiscard]] std::uint64_t calls() const noexcept { return calls_; }
@@ -70,9 +82,12 @@ class EtcdClient {
   boost::asio::awaitable<Result<boost::beast::tcp_stream>> connection();
   boost::asio::awaitable<Result<Json>> call_once(const char* path, const Json& body);
 
+  /// The member calls go to; the next one after it cannot be reached.
+  [[nodiscard]] const EtcdMember& member() const { return members_[current_]; }
+
   boost::asio::any_io_executor executor_;
-  std::string host_;
-  std::uint16_t port_;
+  std::vector<EtcdMember> members_;
+  std::size_t current_ = 0;
   std::chrono::milliseconds timeout_;
   std::vector<boost::beast::tcp_stream> idle_;  ///< open connections, waiting for a call
   std::uint64_t calls_ = 0;

@@ -44,15 +44,16 @@ struct KeyWatch::Stream {
   beast::tcp_stream socket;
 };
 
-KeyWatch::KeyWatch(asio::any_io_executor executor, std::string host, std::uint16_t port, std::string prefix,
+KeyWatch::KeyWatch(asio::any_io_executor executor, std::vector<EtcdMember> members, std::string prefix,
                    std::chrono::milliseconds retry, Callbacks callbacks)
     : executor_(executor),
-      host_(std::move(host)),
-      port_(port),
+      members_(std::move(members)),
       prefix_(std::move(prefix)),
       retry_(retry),
       callbacks_(std::move(callbacks)),
-      pause_(executor) {}
+      pause_(executor) {
+  if (members_.empty()) members_.push_back(EtcdMember{"127.0.0.1", 2379});
+}
 
 void KeyWatch::start() {
   asio::co_spawn(executor_, [self = shared_from_this()]() { return self->run(); }, asio::detached);
@@ -75,24 +76,26 @@ asio::awaitable<void> KeyWatch::run() {
     if (stopped_) co_return;
     if (live_ && callbacks_.live) callbacks_.live(false);
     live_ = false;
+    current_ = (current_ + 1) % members_.size();  // the next member, in case this one is gone
     pause_.expires_after(retry_);
     (void)co_await pause_.async_wait(as_result);
   }
 }
 
 asio::awaitable<bool> KeyWatch::watch_once() {
+  const auto member = members_[current_];
   boost::system::error_code ec;
-  const auto address = asio::ip::make_address(host_, ec);
+  const auto address = asio::ip::make_address(member.host, ec);
   if (ec) co_return false;
   stream_ = std::make_shared<Stream>(executor_);
   auto stream = stream_;
   stream->socket.expires_after(std::chrono::seconds(5));
-  if (auto [connected] = co_await stream->socket.async_connect(asio::ip::tcp::endpoint(address, port_), as_result);
+  if (auto [connected] = co_await stream->socket.async_connect(asio::ip::tcp::endpoint(address, member.port), as_result);
       connected || stopped_) {
     co_return false;
   }
   const Json create{{"create_request", {{"key", to_base64(prefix_)}, {"range_end", to_base64(prefix_end(prefix_))}}}};
-  auto request = json_post(host_, "/v3/watch", create);
+  auto request = json_post(member.host, "/v3/watch", create);
   if (auto [written, n] = co_await http::async_write(stream->socket, request, as_result); written || stopped_) {
     co_return false;
   }

@@ -7,6 +7,8 @@
 // missed. It reconnects on its own (every `retry`) until stopped.
 #pragma once
 
+#include <corma/directory.hpp>
+
 #include <corma/error.hpp>
 
 #include <boost/asio/any_io_executor.hpp>
@@ -32,7 +34,9 @@ class KeyWatch : public std::enable_shared_from_this<KeyWatch> {
     std::function<void(bool live)> live;
   };
 
-  KeyWatch(boost::asio::any_io_executor executor, std::string host, std::uint16_t port, std::string prefix,
+  /// Watches through one of `members` at a time: each time the watch
+  /// breaks, it is made again through the next.
+  KeyWatch(boost::asio::any_io_executor executor, std::vector<EtcdMember> members, std::string prefix,
            std::chrono::milliseconds retry, Callbacks callbacks);
 
   /// Starts watching (and reconnecting) in the background.
@@ -52,8 +56,8 @@ class KeyWatch : public std::enable_shared_from_this<KeyWatch> {
   bool take_result(const std::string& line);
 
   boost::asio::any_io_executor executor_;
-  std::string host_;
-  std::uint16_t port_;
+  std::vector<EtcdMember> members_;
+  std::size_t current_ = 0;
   std::string prefix_;
   std::chrono::milliseconds retry_;
   Callbacks callbacks_;

@@ -28,7 +28,8 @@ struct AnnouncedOwner {
   static constexpr std::size_t part_size = 4096;
 
   AnnouncedOwner(asio::io_context& io, const corma::DirectoryConfig& config, std::string id, std::uint64_t load,
-                 const std::vector<std::byte>& bytes, corma::OwnerConfig owner_config = {})
+                 const std::vector<std::byte>& bytes, corma::OwnerConfig owner_config = {},
+                 std::chrono::seconds ttl = std::chrono::seconds(5))
       : acceptor(io, {asio::ip::make_address("127.0.0.1"), 0}),
         owner(io.get_executor(), nullptr, owner_config),
         directory(io.get_executor(), config) {
@@ -42,7 +43,7 @@ struct AnnouncedOwner {
     }
     asio::co_spawn(io, owner.serve(acceptor), asio::detached);
     a.owner = corma::OwnerEntry{std::move(id), "127.0.0.1", acceptor.local_endpoint().port(), "host", "none", 3, load};
-    a.ttl = std::chrono::seconds(5);
+    a.ttl = ttl;
     announced = corma::testing::run(io, directory.async_announce(std::move(a)));
   }
   void kill() {

@@ -308,8 +308,8 @@ WatchSaw watch_given(const std::string& event_line) {
   corma::directory::KeyWatch::Callbacks callbacks;
   callbacks.live = [&saw](bool live) { saw.live.push_back(live); };
   callbacks.changed = [&saw](const std::string& key) { saw.changed.push_back(key); };
-  auto watch = std::make_shared<corma::directory::KeyWatch>(io.get_executor(), "127.0.0.1",
-                                                             fake_etcd.local_endpoint().port(), "/p/",
+  auto watch = std::make_shared<corma::directory::KeyWatch>(
+      io.get_executor(), std::vector<corma::EtcdMember>{{"127.0.0.1", fake_etcd.local_endpoint().port()}}, "/p/",
                                                              std::chrono::hours(1), callbacks);
   watch->start();
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
@@ -359,6 +359,15 @@ TEST(DirectoryRecords, KeysAndEntriesAreCheckedBeforeUse) {
   EXPECT_TRUE(corma::parse_directory_address("http://127.0.0.1:2379"));
   EXPECT_FALSE(corma::parse_directory_address("127.0.0.1"));
   EXPECT_FALSE(corma::parse_directory_address("127.0.0.1:99999"));
+  auto members = corma::parse_directory_address("127.0.0.1:2379,http://127.0.0.2:2380/,127.0.0.3:2381");
+  ASSERT_TRUE(members);
+  EXPECT_EQ(members.value().port, 2379);
+  ASSERT_EQ(members.value().other_members.size(), 2u);
+  EXPECT_EQ(members.value().other_members[0].host, "127.0.0.2");
+  EXPECT_EQ(members.value().other_members[1].port, 2381);
+  EXPECT_EQ(corma::directory::members_of(members.value()).size(), 3u);
+  EXPECT_FALSE(corma::parse_directory_address("127.0.0.1:2379,"));
+  EXPECT_FALSE(corma::parse_directory_address("127.0.0.1:2379,:1"));
 }
 
 /// An owner entry as JSON text, one field replaced by `value` (raw JSON).

@@ -46,22 +46,43 @@ class EtcdProcess {
     return std::string("no etcd at ") + binary + " (scripts/setup installs Debian's etcd-server)";
   }
 
+  /// Makes this etcd `name`, one member of the cluster `initial_cluster`
+  /// ("NAME=http://HOST:PEER_PORT,..."), on these ports (before launch()).
+  void as_member(std::string name, std::uint16_t client_port, std::uint16_t peer_port, std::string initial_cluster) {
+    name_ = std::move(name);
+    client_port_ = client_port;
+    peer_port_ = peer_port;
+    initial_cluster_ = std::move(initial_cluster);
+  }
+
   /// Starts etcd and waits until it serves clients; false (with what it
   /// said in output()) when it does not within `limit`.
   bool start(std::chrono::milliseconds limit = std::chrono::seconds(20)) {
+    launch();
+    return wait_ready(limit);
+  }
+
+  /// Starts etcd without waiting (a cluster's members serve only once a
+  /// quorum of them runs).
+  void launch() {
     if (client_port_ == 0) {
       client_port_ = free_port();
       peer_port_ = free_port();
     }
     const auto client = "http://" + host_ + ":" + std::to_string(client_port_);
     const auto peer = "http://" + host_ + ":" + std::to_string(peer_port_);
-    const std::vector<std::string> etcd = {binary, "--name", "corma-test", "--data-dir", data_.string(),
+    const auto cluster = initial_cluster_.empty() ? name_ + "=" + peer : initial_cluster_;
+    const std::vector<std::string> etcd = {binary, "--name", name_, "--data-dir", data_.string(),
                                            "--listen-client-urls", client, "--advertise-client-urls", client,
                                            "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                                           "--initial-cluster", "corma-test=" + peer};
+                                           "--initial-cluster", cluster};
     auto args = launcher_;
     args.insert(args.end(), etcd.begin(), etcd.end());
     spawn(args);
+  }
+
+  /// Waits until the launched etcd serves clients.
+  bool wait_ready(std::chrono::milliseconds limit = std::chrono::seconds(20)) {
     return wait_for_output("ready to serve client requests", limit);
   }
 
@@ -78,16 +99,17 @@ class EtcdProcess {
   [[nodiscard]] std::uint16_t client_port() const noexcept { return client_port_; }
   [[nodiscard]] const std::string& output() const noexcept { return output_; }
 
- private:
-  static int next_instance() {
-    static int instance = 0;
-    return ++instance;
-  }
-
+  /// A loopback port nobody listens on now.
   static std::uint16_t free_port() {
     boost::asio::io_context io;
     boost::asio::ip::tcp::acceptor probe(io, {boost::asio::ip::make_address("127.0.0.1"), 0});
     return probe.local_endpoint().port();
+  }
+
+ private:
+  static int next_instance() {
+    static int instance = 0;
+    return ++instance;
   }
 
   void spawn(const std::vector<std::string>& args) {
@@ -130,6 +152,8 @@ class EtcdProcess {
   std::filesystem::path data_;
   std::vector<std::string> launcher_;
   std::string host_;
+  std::string name_ = "corma-test";
+  std::string initial_cluster_;  ///< empty: a cluster of this one member
   std::uint16_t client_port_ = 0;
   std::uint16_t peer_port_ = 0;
   pid_t pid_ = -1;

@@ -25,10 +25,20 @@
 
 namespace corma {
 
+/// One etcd member's client endpoint: an IP address and port (its JSON
+/// gateway).
+struct EtcdMember {
+  std::string host;
+  std::uint16_t port = 2379;
+};
+
 struct DirectoryConfig {
   /// etcd's client endpoint: an IP address and port (its JSON gateway).
   std::string host = "127.0.0.1";
   std::uint16_t port = 2379;
+  /// The other members of etcd's cluster: a call (or the watch) that cannot
+  /// reach the member in use moves to the next, in turn.
+  std::vector<EtcdMember> other_members;
   /// Every key lives under this prefix, so several clusters can share one etcd.
   std::string key_prefix = "/corma";
   /// Deadline for each call to etcd.
@@ -48,7 +58,8 @@ struct DirectoryConfig {
   std::function<void(const std::string& owner, const Error& why)> on_rejected_entry;
 };
 
-/// "HOST:PORT" or "http://HOST:PORT" (HOST an IP address) into a config.
+/// "HOST:PORT" or "http://HOST:PORT" (HOST an IP address), or several of
+/// them separated by commas (the members of etcd's cluster), into a config.
 [[nodiscard]] Result<DirectoryConfig> parse_directory_address(std::string_view address);
 
 /// One owner as it announces itself.
