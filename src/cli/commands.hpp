@@ -15,6 +15,8 @@ namespace corma::cli {
 struct DirectoryOptions {
   std::string address;  ///< HOST:PORT of etcd; empty: no directory
   std::string key_prefix = "/corma";
+  std::string user;           ///< etcd's user, when its authentication is on
+  std::string password_file;  ///< the file holding that user's password
 };
 
 struct ServeOptions {

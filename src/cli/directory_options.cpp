@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <fstream>
+#include <string>
 
 namespace corma::cli {
 
@@ -17,6 +19,14 @@ namespace asio = boost::asio;
 Result<DirectoryConfig> directory_config(const DirectoryOptions& options) {
   CORMA_TRY(auto config, parse_directory_address(options.address));
   config.key_prefix = options.key_prefix;
+  config.user = options.user;
+  if (!options.password_file.empty()) {
+    if (options.user.empty()) return fail(errc::out_of_range, "--directory-password-file needs --directory-user");
+    std::ifstream file(options.password_file);
+    if (!file || !std::getline(file, config.password)) {
+      return fail(errc::not_configured, "cannot read the password in " + options.password_file);
+    }
+  }
   return config;
 }
 

@@ -59,6 +59,10 @@ int main(int argc, char** argv) {
     command->add_option("--directory-prefix", directory.key_prefix,
                         "key prefix of this cluster in etcd (several clusters can share one)")
         ->capture_default_str();
+    command->add_option("--directory-user", directory.user, "etcd's user, when etcd's authentication is on");
+    command->add_option("--directory-password-file", directory.password_file,
+                        "file holding that user's password (its first line; never on the command line)")
+        ->check(CLI::ExistingFile);
   };
   add_directory(serve_cmd, serve.directory);
   serve_cmd->add_option("--owner-id", serve.owner_id, "this owner's id in the directory (default: HOST-PORT)");

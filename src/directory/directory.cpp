@@ -101,7 +101,7 @@ struct Directory::State : std::enable_shared_from_this<State> {
   State(asio::any_io_executor ex, DirectoryConfig c)
       : executor(ex),
         config(std::move(c)),
-        client(ex, directory::members_of(config), config.request_timeout),
+        client(ex, directory::members_of(config), config.request_timeout, directory::credentials_of(config)),
         renewal(ex) {
     if (config.machine.empty()) config.machine = host_name();
   }
@@ -227,7 +227,8 @@ struct Directory::State : std::enable_shared_from_this<State> {
       if (live) ++self->watch_epoch;  // what was read before may have missed changes
     };
     watch = std::make_shared<directory::KeyWatch>(executor, directory::members_of(config), config.key_prefix + "/",
-                                                  std::chrono::milliseconds(500), std::move(callbacks));
+                                                  std::chrono::milliseconds(500), std::move(callbacks),
+                                                  directory::credentials_of(config));
     watch->start();
   }
 

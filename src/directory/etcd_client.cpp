@@ -34,9 +34,11 @@ std::int64_t int64_field(const Json& object, const char* name) {
 
 }  // namespace
 
-http::request<http::string_body> json_post(const std::string& host, const char* path, const Json& body) {
+http::request<http::string_body> json_post(const std::string& host, const char* path, const Json& body,
+                                           const std::string& token) {
   http::request<http::string_body> request{http::verb::post, path, 11};
   request.set(http::field::host, host);
+  if (!token.empty()) request.set(http::field::authorization, token);
   request.set(http::field::content_type, "application/json");
   request.body() = body.dump();
   request.prepare_payload();
@@ -62,9 +64,25 @@ std::vector<EtcdMember> members_of(const DirectoryConfig& config) {
   return members;
 }
 
+EtcdCredentials credentials_of(const DirectoryConfig& config) { return {config.user, config.password}; }
+
+Json authenticate_body(const EtcdCredentials& credentials) {
+  return Json{{"name", credentials.user}, {"password", credentials.password}};
+}
+
+Result<std::string> token_from(const Json& answer) {
+  if (!answer.is_object() || !answer.contains("token") || !answer["token"].is_string()) {
+    return fail(errc::protocol, "etcd: authenticate answered no token");
+  }
+  return answer["token"].get<std::string>();
+}
+
 EtcdClient::EtcdClient(asio::any_io_executor executor, std::vector<EtcdMember> members,
-                       std::chrono::milliseconds timeout)
-    : executor_(std::move(executor)), members_(std::move(members)), timeout_(timeout) {
+                       std::chrono::milliseconds timeout, EtcdCredentials credentials)
+    : executor_(std::move(executor)),
+      members_(std::move(members)),
+      timeout_(timeout),
+      credentials_(std::move(credentials)) {
   if (members_.empty()) members_.push_back(EtcdMember{"127.0.0.1", 2379});
 }
 
@@ -97,8 +115,8 @@ asio::awaitable<Result<Json>> EtcdClient::call(const char* path, const Json& bod
   Result<Json> answer = fail(errc::peer_unreachable, "etcd: no member");
   for (std::size_t tried = 0; tried < members_.size(); ++tried) {
     const bool reused = !idle_.empty();
-    answer = co_await call_once(path, body);
-    if (!answer && reused && answer.error().is(errc::peer_unreachable)) answer = co_await call_once(path, body);
+    answer = co_await call_authenticated(path, body);
+    if (!answer && reused && answer.error().is(errc::peer_unreachable)) answer = co_await call_authenticated(path, body);
     if (answer || !answer.error().is(errc::peer_unreachable)) co_return answer;
     idle_.clear();  // connections to the member left behind
     current_ = (current_ + 1) % members_.size();
@@ -106,10 +124,26 @@ asio::awaitable<Result<Json>> EtcdClient::call(const char* path, const Json& bod
   co_return answer;
 }
 
+asio::awaitable<Result<Json>> EtcdClient::call_authenticated(const char* path, const Json& body) {
+  if (credentials_.user.empty()) co_return co_await call_once(path, body);
+  for (int attempt = 0;; ++attempt) {
+    if (token_.empty()) {
+      const auto asked = authenticate_body(credentials_);
+      CORMA_CO_TRY(auto answer, co_await call_once("/v3/auth/authenticate", asked));
+      CORMA_CO_TRY(token_, token_from(answer));
+    }
+    auto answer = co_await call_once(path, body);
+    // A token etcd no longer takes (expired, or from before its restart):
+    // asked for again, once.
+    if (answer || !answer.error().is(errc::not_owned) || attempt > 0) co_return answer;
+    token_.clear();
+  }
+}
+
 asio::awaitable<Result<Json>> EtcdClient::call_once(const char* path, const Json& body) {
   ++calls_;
   CORMA_CO_TRY(auto stream, co_await connection());
-  auto request = json_post(member().host, path, body);
+  auto request = json_post(member().host, path, body, token_);
   request.keep_alive(true);
   request.prepare_payload();
   stream.expires_after(timeout_);
@@ -123,7 +157,11 @@ asio::awaitable<Result<Json>> EtcdClient::call_once(const char* path, const Json
   if (answer.is_discarded()) co_return fail(errc::protocol, "etcd: " + std::string(path) + " answered no JSON");
   if (response.result() != http::status::ok) {
     const auto message = answer.is_object() && answer.contains("message") ? answer["message"].dump() : response.body();
-    co_return fail(errc::backend, "etcd: " + std::string(path) + ": " + message);
+    // gRPC's UNAUTHENTICATED, and a failed authenticate: the credentials.
+    const bool refused = response.result() == http::status::unauthorized ||
+                         message.find("authentication failed") != std::string::npos;
+    if (response.keep_alive()) idle_.push_back(std::move(stream));
+    co_return fail(refused ? errc::not_owned : errc::backend, "etcd: " + std::string(path) + ": " + message);
   }
   if (response.keep_alive()) idle_.push_back(std::move(stream));
   co_return answer;

@@ -42,11 +42,24 @@ struct RangeResult {
 /// Every member a config names, the first one first.
 [[nodiscard]] std::vector<EtcdMember> members_of(const DirectoryConfig& config);
 
+/// etcd's user and password; an empty user: authentication is off.
+struct EtcdCredentials {
+  std::string user;
+  std::string password;
+};
+[[nodiscard]] EtcdCredentials credentials_of(const DirectoryConfig& config);
+
+/// The body of an authenticate call for `credentials`, and the token in
+/// its answer (`not_owned` when etcd refused them).
+[[nodiscard]] Json authenticate_body(const EtcdCredentials& credentials);
+[[nodiscard]] Result<std::string> token_from(const Json& answer);
+
 class EtcdClient {
  public:
   /// Calls go to one member until it cannot be reached, then to the next.
+  /// With a user, each call carries a token etcd gave for `credentials`.
   EtcdClient(boost::asio::any_io_executor executor, std::vector<EtcdMember> members,
-             std::chrono::milliseconds timeout);
+             std::chrono::milliseconds timeout, EtcdCredentials credentials = {});
   EtcdClient(boost::asio::any_io_executor executor, std::string host, std::uint16_t port,
              std::chrono::milliseconds timeout);
 
@@ -81,6 +94,9 @@ class EtcdClient {
  private:
   boost::asio::awaitable<Result<boost::beast::tcp_stream>> connection();
   boost::asio::awaitable<Result<Json>> call_once(const char* path, const Json& body);
+  /// call_once with the token, asked for first if there is none, and once
+  /// more if etcd no longer takes it.
+  boost::asio::awaitable<Result<Json>> call_authenticated(const char* path, const Json& body);
 
   /// The member calls go to; the next one after it cannot be reached.
   [[nodiscard]] const EtcdMember& member() const { return members_[current_]; }
@@ -89,6 +105,8 @@ class EtcdClient {
   std::vector<EtcdMember> members_;
   std::size_t current_ = 0;
   std::chrono::milliseconds timeout_;
+  EtcdCredentials credentials_;
+  std::string token_;
   std::vector<boost::beast::tcp_stream> idle_;  ///< open connections, waiting for a call
   std::uint64_t calls_ = 0;
 };
@@ -102,9 +120,9 @@ inline constexpr std::size_t max_txn_ops = 128;
 [[nodiscard]] std::string prefix_end(std::string prefix);
 
 /// A POST of `body` to `path` of etcd's gateway at `host`, as every call
-/// (and the watch) sends it.
-[[nodiscard]] boost::beast::http::request<boost::beast::http::string_body> json_post(const std::string& host,
-                                                                                      const char* path, const Json& body);
+/// (and the watch) sends it, with etcd's auth `token` if there is one.
+[[nodiscard]] boost::beast::http::request<boost::beast::http::string_body> json_post(
+    const std::string& host, const char* path, const Json& body, const std::string& token = {});
 
 [[nodiscard]] std::string to_base64(std::string_view bytes);
 [[nodiscard]] Result<std::string> from_base64(std::string_view text);

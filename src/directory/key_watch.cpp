@@ -45,9 +45,10 @@ struct KeyWatch::Stream {
 };
 
 KeyWatch::KeyWatch(asio::any_io_executor executor, std::vector<EtcdMember> members, std::string prefix,
-                   std::chrono::milliseconds retry, Callbacks callbacks)
+                   std::chrono::milliseconds retry, Callbacks callbacks, EtcdCredentials credentials)
     : executor_(executor),
       members_(std::move(members)),
+      credentials_(std::move(credentials)),
       prefix_(std::move(prefix)),
       retry_(retry),
       callbacks_(std::move(callbacks)),
@@ -94,8 +95,26 @@ asio::awaitable<bool> KeyWatch::watch_once() {
       connected || stopped_) {
     co_return false;
   }
+  std::string token;
+  if (!credentials_.user.empty()) {
+    // A token of its own, asked for on this connection before the watch.
+    auto asked = json_post(member.host, "/v3/auth/authenticate", authenticate_body(credentials_));
+    asked.keep_alive(true);
+    if (auto [written, n] = co_await http::async_write(stream->socket, asked, as_result); written || stopped_) {
+      co_return false;
+    }
+    beast::flat_buffer answer_buffer;
+    http::response<http::string_body> answer;
+    if (auto [read, n] = co_await http::async_read(stream->socket, answer_buffer, answer, as_result);
+        read || stopped_ || answer.result() != http::status::ok) {
+      co_return false;
+    }
+    auto given = token_from(Json::parse(answer.body(), nullptr, false));
+    if (!given) co_return false;
+    token = std::move(given).value();
+  }
   const Json create{{"create_request", {{"key", to_base64(prefix_)}, {"range_end", to_base64(prefix_end(prefix_))}}}};
-  auto request = json_post(member.host, "/v3/watch", create);
+  auto request = json_post(member.host, "/v3/watch", create, token);
   if (auto [written, n] = co_await http::async_write(stream->socket, request, as_result); written || stopped_) {
     co_return false;
   }

@@ -9,6 +9,8 @@
 
 #include <corma/directory.hpp>
 
+#include "etcd_client.hpp"
+
 #include <corma/error.hpp>
 
 #include <boost/asio/any_io_executor.hpp>
@@ -37,7 +39,7 @@ class KeyWatch : public std::enable_shared_from_this<KeyWatch> {
   /// Watches through one of `members` at a time: each time the watch
   /// breaks, it is made again through the next.
   KeyWatch(boost::asio::any_io_executor executor, std::vector<EtcdMember> members, std::string prefix,
-           std::chrono::milliseconds retry, Callbacks callbacks);
+           std::chrono::milliseconds retry, Callbacks callbacks, EtcdCredentials credentials = {});
 
   /// Starts watching (and reconnecting) in the background.
   void start();
@@ -58,6 +60,7 @@ class KeyWatch : public std::enable_shared_from_this<KeyWatch> {
   boost::asio::any_io_executor executor_;
   std::vector<EtcdMember> members_;
   std::size_t current_ = 0;
+  EtcdCredentials credentials_;
   std::string prefix_;
   std::chrono::milliseconds retry_;
   Callbacks callbacks_;

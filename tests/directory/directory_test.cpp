@@ -148,6 +148,44 @@ TEST_F(DirectoryTest, ALeaseEtcdLostIsGrantedAgainAndTheAnnouncementRestored) {
   EXPECT_EQ(announcing.stats().leases_granted, 2u);
 }
 
+TEST_F(DirectoryTest, WithEtcdsAuthenticationOnlyTheRightCredentialsAnnounceResolveAndWatch) {
+  corma::directory::EtcdClient admin(io.get_executor(), "127.0.0.1", etcd.config("").port, std::chrono::seconds(2));
+  const corma::directory::Json user{{"name", "root"}, {"password", "s3cret"}};
+  const corma::directory::Json grant{{"user", "root"}, {"role", "root"}};
+  ASSERT_TRUE(corma::testing::run(io, admin.call("/v3/auth/user/add", user)));
+  ASSERT_TRUE(corma::testing::run(io, admin.call("/v3/auth/user/grant", grant)));
+  ASSERT_TRUE(corma::testing::run(io, admin.call("/v3/auth/enable", corma::directory::Json::object())));
+
+  corma::Directory anonymous(io.get_executor(), config());
+  EXPECT_FALSE(corma::testing::run(io, anonymous.async_announce(owner("owner-x", "m", 0, {"obj"}))))
+      << "announced without credentials";
+  auto wrong_config = config();
+  wrong_config.user = "root";
+  wrong_config.password = "guess";
+  corma::Directory wrong(io.get_executor(), wrong_config);
+  auto refused = corma::testing::run(io, wrong.async_announce(owner("owner-x", "m", 0, {"obj"})));
+  ASSERT_FALSE(refused) << "announced with a wrong password";
+  EXPECT_TRUE(refused.error().is(errc::not_owned)) << refused.error().message();
+
+  auto right_config = config();
+  right_config.user = "root";
+  right_config.password = "s3cret";
+  corma::Directory announcing(io.get_executor(), right_config);
+  ASSERT_TRUE(corma::testing::run(io, announcing.async_announce(owner("owner-a", "host-a", 0, {"obj"}))));
+  auto watched_config = right_config;
+  watched_config.cache_ttl = std::chrono::hours(1);  // only the watch can tell it of the withdrawal
+  corma::Directory consumer(io.get_executor(), watched_config);
+  EXPECT_TRUE(resolves_eventually(
+      consumer, "obj", [&](const auto& ids) { return ids == std::vector<std::string>{"owner-a"} && consumer.stats().watching; },
+      std::chrono::seconds(5)))
+      << "not resolved, or the watch never went live";
+  ASSERT_TRUE(corma::testing::run(io, announcing.async_withdraw()));
+  EXPECT_TRUE(resolves_eventually(
+      consumer, "obj", [](const auto& ids) { return ids.empty(); }, std::chrono::seconds(5)))
+      << "the watch did not report the withdrawal";
+  EXPECT_TRUE(resolve_ids(anonymous, "obj").empty());
+}
+
 TEST_F(DirectoryTest, TheWatchDropsAWithdrawnOwnerFromTheCacheAtOnce) {
   auto watched = config();
   watched.cache_ttl = std::chrono::hours(1);  // only the watch can make the cache forget

@@ -39,6 +39,11 @@ struct DirectoryConfig {
   /// The other members of etcd's cluster: a call (or the watch) that cannot
   /// reach the member in use moves to the next, in turn.
   std::vector<EtcdMember> other_members;
+  /// etcd's user and password, when its authentication is on: a token is
+  /// asked for at the first call (and again when etcd no longer takes it)
+  /// and sent with every call and the watch. Empty user: none.
+  std::string user;
+  std::string password;
   /// Every key lives under this prefix, so several clusters can share one etcd.
   std::string key_prefix = "/corma";
   /// Deadline for each call to etcd.
