@@ -199,6 +199,7 @@ struct Directory::State : std::enable_shared_from_this<State> {
   struct Family {
     std::vector<directory::KeyValue> kvs;
     std::map<std::string, OwnerEntry, std::less<>> owners;
+    std::int64_t revision = 0;  ///< etcd's revision the family holds up to (read, or changed since)
   };
   struct Cached {
     std::shared_ptr<const Family> family;
@@ -217,8 +218,8 @@ struct Directory::State : std::enable_shared_from_this<State> {
   void start_watch() {
     if (watch || !config.watch) return;
     directory::KeyWatch::Callbacks callbacks;
-    callbacks.changed = [weak = weak_from_this()](const std::string& key) {
-      if (auto self = weak.lock()) self->forget(key);
+    callbacks.changed = [weak = weak_from_this()](const directory::KeyWatch::Change& change) {
+      if (auto self = weak.lock()) self->apply(change);
     };
     callbacks.live = [weak = weak_from_this()](bool live) {
       auto self = weak.lock();
@@ -232,16 +233,54 @@ struct Directory::State : std::enable_shared_from_this<State> {
     watch->start();
   }
 
-  /// A key changed: the cache's entry for its family goes.
-  void forget(const std::string& key) {
-    ++changes_seen;
-    if (key.starts_with(directory::owners_prefix(config))) {
-      cache.erase(directory::owners_prefix(config));
-    } else if (auto name = directory::split_name_key(key, directory::names_prefix(config))) {
-      cache.erase(directory::name_key(config, name->name, ""));
-    } else if (key.starts_with(directory::prefixes_prefix(config))) {
-      cache.erase(directory::prefixes_prefix(config));
+  /// The cache's family a key belongs to, if it is one of the cluster's.
+  [[nodiscard]] std::optional<std::string> family_of(const std::string& key) const {
+    if (key.starts_with(directory::owners_prefix(config))) return directory::owners_prefix(config);
+    if (auto name = directory::split_name_key(key, directory::names_prefix(config))) {
+      return directory::name_key(config, name->name, "");
     }
+    if (key.starts_with(directory::prefixes_prefix(config))) return directory::prefixes_prefix(config);
+    return std::nullopt;
+  }
+
+  /// A key changed: its cached family takes the change (one owner's new
+  /// load rewrites that owner's entry, not the whole family), unless the
+  /// family was read after it. A family not read under this live watch
+  /// cannot be vouched for by it (a change before the watch began may be
+  /// missing): it goes, and is read again under the watch.
+  void apply(const directory::KeyWatch::Change& change) {
+    ++changes_seen;
+    const auto family_key = family_of(change.key);
+    if (!family_key) return;
+    auto it = cache.find(*family_key);
+    if (it == cache.end()) return;
+    if (it->second.epoch == 0 || it->second.epoch != watch_epoch) {
+      cache.erase(it);
+      return;
+    }
+    if (change.revision <= it->second.family->revision) return;
+    auto family = std::make_shared<Family>(*it->second.family);
+    family->revision = change.revision;
+    std::erase_if(family->kvs, [&](const directory::KeyValue& kv) { return kv.key == change.key; });
+    if (change.value) family->kvs.push_back({change.key, *change.value, 0});
+    if (*family_key == directory::owners_prefix(config)) {
+      const auto id = change.key.substr(family_key->size());
+      family->owners.erase(id);
+      if (change.value) add_owner(*family, id, *change.value);
+    }
+    it->second.family = std::move(family);
+  }
+
+  /// An owner entry into `family`, if it is one a consumer can use.
+  void add_owner(Family& family, const std::string& id, const std::string& value) {
+    // An entry that is not one is skipped: another writer's mistake must
+    // not hide the owners that announced themselves properly.
+    auto owner = directory::decode_owner(id, value);
+    if (!owner) {
+      reject(id, value, owner.error());
+      return;
+    }
+    family.owners.emplace(id, std::move(owner).value());
   }
 
   [[nodiscard]] bool fresh(const Cached& entry, clock_type::time_point now) const {
@@ -295,7 +334,7 @@ struct Directory::State : std::enable_shared_from_this<State> {
     // a change came during the read (the read may predate it).
     const auto good_in = watch_live && watch_epoch == epoch && changes_seen == changes_before ? epoch : 0;
     for (std::size_t k = 0; k < missing.size(); ++k) {
-      families[missing_at[k]] = store(missing[k], std::move(read.value()[k].kvs), now, good_in);
+      families[missing_at[k]] = store(missing[k], std::move(read.value()[k]), now, good_in);
     }
     co_return families;
   }
@@ -311,22 +350,13 @@ struct Directory::State : std::enable_shared_from_this<State> {
     if (rejected.size() > max_rejected_remembered) rejected.clear();
   }
 
-  std::shared_ptr<const Family> store(const std::string& prefix, std::vector<directory::KeyValue> kvs,
+  std::shared_ptr<const Family> store(const std::string& prefix, directory::RangeResult range,
                                       clock_type::time_point read, std::uint64_t epoch) {
     auto family = std::make_shared<Family>();
-    family->kvs = std::move(kvs);
+    family->kvs = std::move(range.kvs);
+    family->revision = range.revision;
     if (prefix == directory::owners_prefix(config)) {
-      for (const auto& kv : family->kvs) {
-        const auto id = std::string_view(kv.key).substr(prefix.size());
-        // An entry that is not one is skipped: another writer's mistake must
-        // not hide the owners that announced themselves properly.
-        auto owner = directory::decode_owner(id, kv.value);
-        if (!owner) {
-          reject(std::string(id), kv.value, owner.error());
-          continue;
-        }
-        family->owners.emplace(id, std::move(owner).value());
-      }
+      for (const auto& kv : family->kvs) add_owner(*family, kv.key.substr(prefix.size()), kv.value);
     }
     // Bounded: past this many names the cache starts over.
     if (cache.size() >= max_cached_families) cache.clear();

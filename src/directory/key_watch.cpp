@@ -147,8 +147,8 @@ asio::awaitable<bool> KeyWatch::watch_once() {
 bool KeyWatch::take(const std::string& line) {
   try {
     return take_result(line);
-  } catch (const Json::exception&) {
-    return false;  // a line it cannot read: changes may have been missed, so the watch is broken
+  } catch (const std::exception&) {
+    return false;  // a line it cannot read (std::stoll included): a change may have been missed
   }
 }
 
@@ -167,9 +167,17 @@ bool KeyWatch::take_result(const std::string& line) {
   for (const auto& event : events) {
     if (!event.is_object()) return false;
     if (!event.contains("kv")) continue;
-    auto key = from_base64(event.at("kv").value("key", ""));
+    const auto& kv = event.at("kv");
+    auto key = from_base64(kv.value("key", ""));
     if (!key) return false;  // a change it cannot name is a change it missed
-    if (callbacks_.changed) callbacks_.changed(key.value());
+    Change change{std::move(key).value(), std::nullopt, 0};
+    change.revision = std::stoll(kv.value("mod_revision", std::string("0")));  // etcd writes 64-bit integers as text
+    if (event.value("type", std::string("PUT")) != "DELETE") {
+      auto value = from_base64(kv.value("value", ""));
+      if (!value) return false;
+      change.value = std::move(value).value();
+    }
+    if (callbacks_.changed) callbacks_.changed(change);
   }
   return true;
 }

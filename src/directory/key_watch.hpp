@@ -9,6 +9,8 @@
 
 #include <corma/directory.hpp>
 
+#include <optional>
+
 #include "etcd_client.hpp"
 
 #include <corma/error.hpp>
@@ -28,9 +30,16 @@ namespace corma::directory {
 
 class KeyWatch : public std::enable_shared_from_this<KeyWatch> {
  public:
+  /// One change to a key under the prefix.
+  struct Change {
+    std::string key;
+    std::optional<std::string> value;  ///< what was put; none: the key was deleted
+    std::int64_t revision = 0;         ///< etcd's revision of the change
+  };
+
   struct Callbacks {
     /// A key under the prefix was put or deleted.
-    std::function<void(const std::string& key)> changed;
+    std::function<void(const Change& change)> changed;
     /// The watch is live (true: every change from now on is reported) or
     /// broken (false: changes may be missed until it is live again).
     std::function<void(bool live)> live;

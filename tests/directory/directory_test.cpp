@@ -251,12 +251,19 @@ TEST_F(DirectoryTest, AChangedLoadFigureIsAnnouncedAtTheNextRenewal) {
   };
   corma::Directory first(io.get_executor(), config());
   EXPECT_EQ(announced_load(first), 3u) << "the figure at the time of announcing";
+  // Once the watch is live and what it needs is read under it, the change
+  // itself comes through the watch: no read of etcd for it.
+  ASSERT_TRUE(resolves_eventually(
+      first, "obj", [&](const auto&) { return first.stats().watching; }, std::chrono::seconds(5)));
+  EXPECT_EQ(announced_load(first), 3u);
+  const auto reads = first.stats().etcd_requests;
   const auto leases = announcing.stats().leases_granted;
   load = 11;
   EXPECT_TRUE(resolves_eventually(
       first, "obj", [&](const auto&) { return announced_load(first) == std::optional<std::uint64_t>(11); },
       std::chrono::seconds(5)))
       << "a consumer (its watch saw the entry change) ranks by the new figure";
+  EXPECT_EQ(first.stats().etcd_requests, reads) << "the owners' family was dropped and read again, not updated";
   EXPECT_EQ(announcing.stats().leases_granted, leases) << "under the same lease";
   EXPECT_EQ(announcing.stats().etcd_failures, 0u);
 }
@@ -345,7 +352,7 @@ WatchSaw watch_given(const std::string& event_line) {
   WatchSaw saw;
   corma::directory::KeyWatch::Callbacks callbacks;
   callbacks.live = [&saw](bool live) { saw.live.push_back(live); };
-  callbacks.changed = [&saw](const std::string& key) { saw.changed.push_back(key); };
+  callbacks.changed = [&saw](const auto& change) { saw.changed.push_back(change.key); };
   auto watch = std::make_shared<corma::directory::KeyWatch>(
       io.get_executor(), std::vector<corma::EtcdMember>{{"127.0.0.1", fake_etcd.local_endpoint().port()}}, "/p/",
                                                              std::chrono::hours(1), callbacks);
