@@ -223,6 +223,7 @@ TEST(Metrics, EveryFamilyHasHelpAndItsUnitInTheName) {
       {"corma_directory_resolutions_total", "counter"},
       {"corma_directory_cache_hits_total", "counter"},
       {"corma_directory_stale_resolutions_total", "counter"},
+      {"corma_directory_rejected_entries_total", "counter"},
       {"corma_directory_announced", "gauge"},
       {"corma_directory_watching", "gauge"},
   };
@@ -254,10 +255,12 @@ TEST(Metrics, TheDirectorysFiguresSayWhenEtcdIsAwayAndAnswersComeFromTheCache) {
   directory.stale_resolutions = 4;
   directory.etcd_failures = 2;
   directory.leases_granted = 2;
+  directory.rejected_entries = 3;
   const auto text = render_metrics(corma::OwnerStats{}, nullptr, &directory);
   for (const char* line : {"corma_directory_announced 1", "corma_directory_watching 0",
                            "corma_directory_resolutions_total 9", "corma_directory_stale_resolutions_total 4",
-                           "corma_directory_etcd_failures_total 2", "corma_directory_leases_granted_total 2"}) {
+                           "corma_directory_etcd_failures_total 2", "corma_directory_leases_granted_total 2",
+                           "corma_directory_rejected_entries_total 3"}) {
     EXPECT_TRUE(has_line(text, line)) << line << "\nin:\n" << text;
   }
   EXPECT_EQ(render_metrics(corma::OwnerStats{}, nullptr).find("corma_directory_"), std::string::npos)
