@@ -17,6 +17,9 @@ struct DirectoryOptions {
   std::string key_prefix = "/corma";
   std::string user;           ///< etcd's user, when its authentication is on
   std::string password_file;  ///< the file holding that user's password
+  std::string cacert;  ///< TLS to etcd: the CA its certificates chain to
+  std::string cert;    ///< TLS to etcd: this client's certificate...
+  std::string key;     ///< ...and its key
 };
 
 struct ServeOptions {

@@ -27,6 +27,13 @@ Result<DirectoryConfig> directory_config(const DirectoryOptions& options) {
       return fail(errc::not_configured, "cannot read the password in " + options.password_file);
     }
   }
+  if (options.cert.empty() != options.key.empty()) {
+    return fail(errc::out_of_range, "--directory-cert and --directory-key go together");
+  }
+  config.tls_ca_file = options.cacert;
+  config.tls_cert_file = options.cert;
+  config.tls_key_file = options.key;
+  config.tls = config.tls || !options.cacert.empty() || !options.cert.empty();
   return config;
 }
 

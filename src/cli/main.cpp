@@ -63,6 +63,15 @@ int main(int argc, char** argv) {
     command->add_option("--directory-password-file", directory.password_file,
                         "file holding that user's password (its first line; never on the command line)")
         ->check(CLI::ExistingFile);
+    command->add_option("--directory-cacert", directory.cacert,
+                        "TLS to etcd: the CA (PEM) etcd's certificate must chain to (https:// members without it: "
+                        "the system's trusted CAs)")
+        ->check(CLI::ExistingFile);
+    command->add_option("--directory-cert", directory.cert,
+                        "TLS to etcd: this client's certificate (PEM), for etcd's --client-cert-auth")
+        ->check(CLI::ExistingFile);
+    command->add_option("--directory-key", directory.key, "TLS to etcd: the key (PEM) of --directory-cert")
+        ->check(CLI::ExistingFile);
   };
   add_directory(serve_cmd, serve.directory);
   serve_cmd->add_option("--owner-id", serve.owner_id, "this owner's id in the directory (default: HOST-PORT)");

@@ -58,7 +58,10 @@ constexpr std::size_t max_rejected_remembered = 10000;
 
 namespace {
 
-Result<EtcdMember> parse_member(std::string_view address) {
+/// One member's address; `tls` says whether it was written https://.
+Result<EtcdMember> parse_member(std::string_view address, bool& tls) {
+  tls = address.starts_with("https://");
+  if (tls) address.remove_prefix(8);
   if (address.starts_with("http://")) address.remove_prefix(7);
   while (address.ends_with('/')) address.remove_suffix(1);
   const auto colon = address.rfind(':');
@@ -84,12 +87,17 @@ Result<DirectoryConfig> parse_directory_address(std::string_view address) {
   bool first = true;
   for (;;) {
     const auto comma = address.find(',');
-    CORMA_TRY(auto member, parse_member(address.substr(0, comma)));
+    bool tls = false;
+    CORMA_TRY(auto member, parse_member(address.substr(0, comma), tls));
     if (first) {
       config.host = std::move(member.host);
       config.port = member.port;
+      config.tls = tls;
       first = false;
     } else {
+      if (tls != config.tls) {
+        return fail(errc::out_of_range, "a directory's members are all https:// or none of them");
+      }
       config.other_members.push_back(std::move(member));
     }
     if (comma == std::string_view::npos) return config;
@@ -101,13 +109,15 @@ struct Directory::State : std::enable_shared_from_this<State> {
   State(asio::any_io_executor ex, DirectoryConfig c)
       : executor(ex),
         config(std::move(c)),
-        client(ex, directory::members_of(config), config.request_timeout, directory::credentials_of(config)),
+        access(directory::access_of(config)),
+        client(ex, access, config.request_timeout),
         renewal(ex) {
     if (config.machine.empty()) config.machine = host_name();
   }
 
   asio::any_io_executor executor;
   DirectoryConfig config;
+  directory::EtcdAccess access;  ///< loaded once: the calls' and the watch's
   EtcdClient client;
   DirectoryStats stats;
   std::map<std::string, std::string> rejected;  ///< owner id: the bad entry counted
@@ -227,9 +237,8 @@ struct Directory::State : std::enable_shared_from_this<State> {
       self->watch_live = live;
       if (live) ++self->watch_epoch;  // what was read before may have missed changes
     };
-    watch = std::make_shared<directory::KeyWatch>(executor, directory::members_of(config), config.key_prefix + "/",
-                                                  std::chrono::milliseconds(500), std::move(callbacks),
-                                                  directory::credentials_of(config));
+    watch = std::make_shared<directory::KeyWatch>(executor, access, config.key_prefix + "/",
+                                                  std::chrono::milliseconds(500), std::move(callbacks));
     watch->start();
   }
 

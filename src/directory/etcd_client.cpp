@@ -58,14 +58,6 @@ std::string prefix_end(std::string prefix) {
   return std::string(1, '\0');  // every key
 }
 
-std::vector<EtcdMember> members_of(const DirectoryConfig& config) {
-  std::vector<EtcdMember> members{EtcdMember{config.host, config.port}};
-  members.insert(members.end(), config.other_members.begin(), config.other_members.end());
-  return members;
-}
-
-EtcdCredentials credentials_of(const DirectoryConfig& config) { return {config.user, config.password}; }
-
 Json authenticate_body(const EtcdCredentials& credentials) {
   return Json{{"name", credentials.user}, {"password", credentials.password}};
 }
@@ -77,34 +69,23 @@ Result<std::string> token_from(const Json& answer) {
   return answer["token"].get<std::string>();
 }
 
-EtcdClient::EtcdClient(asio::any_io_executor executor, std::vector<EtcdMember> members,
-                       std::chrono::milliseconds timeout, EtcdCredentials credentials)
-    : executor_(std::move(executor)),
-      members_(std::move(members)),
-      timeout_(timeout),
-      credentials_(std::move(credentials)) {
-  if (members_.empty()) members_.push_back(EtcdMember{"127.0.0.1", 2379});
+EtcdClient::EtcdClient(asio::any_io_executor executor, EtcdAccess access, std::chrono::milliseconds timeout)
+    : executor_(std::move(executor)), access_(std::move(access)), timeout_(timeout) {
+  if (access_.members.empty()) access_.members.push_back(EtcdMember{"127.0.0.1", 2379});
 }
 
 EtcdClient::EtcdClient(asio::any_io_executor executor, std::string host, std::uint16_t port,
                        std::chrono::milliseconds timeout)
-    : EtcdClient(std::move(executor), std::vector<EtcdMember>{EtcdMember{std::move(host), port}}, timeout) {}
+    : EtcdClient(std::move(executor), EtcdAccess{{EtcdMember{std::move(host), port}}, {}, nullptr, std::nullopt},
+                 timeout) {}
 
-asio::awaitable<Result<beast::tcp_stream>> EtcdClient::connection() {
+asio::awaitable<Result<EtcdStream>> EtcdClient::connection() {
   if (!idle_.empty()) {
     auto stream = std::move(idle_.back());
     idle_.pop_back();
     co_return stream;
   }
-  const auto to = member();
-  boost::system::error_code ec;
-  const auto address = asio::ip::make_address(to.host, ec);
-  if (ec) co_return fail(errc::not_configured, "etcd: '" + to.host + "' is not an IP address");
-  beast::tcp_stream stream(executor_);
-  stream.expires_after(timeout_);
-  auto [connected] = co_await stream.async_connect(asio::ip::tcp::endpoint(address, to.port), as_result);
-  if (connected) co_return unreachable("connect to " + to.host + ":" + std::to_string(to.port), connected);
-  co_return stream;
+  co_return co_await EtcdStream::connect(executor_, access_, member(), timeout_);
 }
 
 asio::awaitable<Result<Json>> EtcdClient::call(const char* path, const Json& body) {
@@ -113,22 +94,22 @@ asio::awaitable<Result<Json>> EtcdClient::call(const char* path, const Json& bod
   // fresh connection.
   // Then a member that cannot be reached is left for the next, each once.
   Result<Json> answer = fail(errc::peer_unreachable, "etcd: no member");
-  for (std::size_t tried = 0; tried < members_.size(); ++tried) {
+  for (std::size_t tried = 0; tried < access_.members.size(); ++tried) {
     const bool reused = !idle_.empty();
     answer = co_await call_authenticated(path, body);
     if (!answer && reused && answer.error().is(errc::peer_unreachable)) answer = co_await call_authenticated(path, body);
     if (answer || !answer.error().is(errc::peer_unreachable)) co_return answer;
     idle_.clear();  // connections to the member left behind
-    current_ = (current_ + 1) % members_.size();
+    current_ = (current_ + 1) % access_.members.size();
   }
   co_return answer;
 }
 
 asio::awaitable<Result<Json>> EtcdClient::call_authenticated(const char* path, const Json& body) {
-  if (credentials_.user.empty()) co_return co_await call_once(path, body);
+  if (access_.credentials.user.empty()) co_return co_await call_once(path, body);
   for (int attempt = 0;; ++attempt) {
     if (token_.empty()) {
-      const auto asked = authenticate_body(credentials_);
+      const auto asked = authenticate_body(access_.credentials);
       CORMA_CO_TRY(auto answer, co_await call_once("/v3/auth/authenticate", asked));
       CORMA_CO_TRY(token_, token_from(answer));
     }
@@ -146,12 +127,17 @@ asio::awaitable<Result<Json>> EtcdClient::call_once(const char* path, const Json
   auto request = json_post(member().host, path, body, token_);
   request.keep_alive(true);
   request.prepare_payload();
-  stream.expires_after(timeout_);
-  if (auto [ec, n] = co_await http::async_write(stream, request, as_result); ec) co_return unreachable(path, ec);
+  stream.tcp().expires_after(timeout_);
+  if (auto [ec, n] = co_await stream.visit([&](auto& s) { return http::async_write(s, request, as_result); }); ec) {
+    co_return unreachable(path, ec);
+  }
   beast::flat_buffer buffer;
   http::response_parser<http::string_body> parser;
   parser.body_limit(64 << 20);
-  if (auto [ec, n] = co_await http::async_read(stream, buffer, parser, as_result); ec) co_return unreachable(path, ec);
+  if (auto [ec, n] = co_await stream.visit([&](auto& s) { return http::async_read(s, buffer, parser, as_result); });
+      ec) {
+    co_return unreachable(path, ec);
+  }
   auto response = parser.release();
   Json answer = Json::parse(response.body(), nullptr, false);
   if (answer.is_discarded()) co_return fail(errc::protocol, "etcd: " + std::string(path) + " answered no JSON");

@@ -10,9 +10,11 @@
 #include <corma/directory.hpp>
 #include <corma/error.hpp>
 
+#include "etcd_stream.hpp"
+
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
-#include <boost/beast/core/tcp_stream.hpp>
+#include <boost/beast/http/message.hpp>
 #include <boost/beast/http/string_body.hpp>
 #include <nlohmann/json.hpp>
 
@@ -39,16 +41,6 @@ struct RangeResult {
   std::int64_t revision = 0;
 };
 
-/// Every member a config names, the first one first.
-[[nodiscard]] std::vector<EtcdMember> members_of(const DirectoryConfig& config);
-
-/// etcd's user and password; an empty user: authentication is off.
-struct EtcdCredentials {
-  std::string user;
-  std::string password;
-};
-[[nodiscard]] EtcdCredentials credentials_of(const DirectoryConfig& config);
-
 /// The body of an authenticate call for `credentials`, and the token in
 /// its answer (`not_owned` when etcd refused them).
 [[nodiscard]] Json authenticate_body(const EtcdCredentials& credentials);
@@ -57,9 +49,9 @@ struct EtcdCredentials {
 class EtcdClient {
  public:
   /// Calls go to one member until it cannot be reached, then to the next.
-  /// With a user, each call carries a token etcd gave for `credentials`.
-  EtcdClient(boost::asio::any_io_executor executor, std::vector<EtcdMember> members,
-             std::chrono::milliseconds timeout, EtcdCredentials credentials = {});
+  /// With a user, each call carries a token etcd gave for the credentials.
+  EtcdClient(boost::asio::any_io_executor executor, EtcdAccess access, std::chrono::milliseconds timeout);
+  /// One member, over plain TCP, without authentication.
   EtcdClient(boost::asio::any_io_executor executor, std::string host, std::uint16_t port,
              std::chrono::milliseconds timeout);
 
@@ -92,22 +84,21 @@ class EtcdClient {
   boost::asio::awaitable<Result<std::vector<RangeResult>>> range_prefixes(const std::vector<std::string>& prefixes);
 
  private:
-  boost::asio::awaitable<Result<boost::beast::tcp_stream>> connection();
+  boost::asio::awaitable<Result<EtcdStream>> connection();
   boost::asio::awaitable<Result<Json>> call_once(const char* path, const Json& body);
   /// call_once with the token, asked for first if there is none, and once
   /// more if etcd no longer takes it.
   boost::asio::awaitable<Result<Json>> call_authenticated(const char* path, const Json& body);
 
   /// The member calls go to; the next one after it cannot be reached.
-  [[nodiscard]] const EtcdMember& member() const { return members_[current_]; }
+  [[nodiscard]] const EtcdMember& member() const { return access_.members[current_]; }
 
   boost::asio::any_io_executor executor_;
-  std::vector<EtcdMember> members_;
+  EtcdAccess access_;
   std::size_t current_ = 0;
   std::chrono::milliseconds timeout_;
-  EtcdCredentials credentials_;
   std::string token_;
-  std::vector<boost::beast::tcp_stream> idle_;  ///< open connections, waiting for a call
+  std::vector<EtcdStream> idle_;  ///< open connections, waiting for a call
   std::uint64_t calls_ = 0;
 };
 

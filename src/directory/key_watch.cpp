@@ -8,7 +8,6 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
-#include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http.hpp>
 
 #include <netinet/in.h>
@@ -40,20 +39,19 @@ void keep_alive(asio::ip::tcp::socket& socket) {
 }  // namespace
 
 struct KeyWatch::Stream {
-  explicit Stream(asio::any_io_executor executor) : socket(std::move(executor)) {}
-  beast::tcp_stream socket;
+  explicit Stream(EtcdStream connected) : stream(std::move(connected)) {}
+  EtcdStream stream;
 };
 
-KeyWatch::KeyWatch(asio::any_io_executor executor, std::vector<EtcdMember> members, std::string prefix,
-                   std::chrono::milliseconds retry, Callbacks callbacks, EtcdCredentials credentials)
+KeyWatch::KeyWatch(asio::any_io_executor executor, EtcdAccess access, std::string prefix,
+                   std::chrono::milliseconds retry, Callbacks callbacks)
     : executor_(executor),
-      members_(std::move(members)),
-      credentials_(std::move(credentials)),
+      access_(std::move(access)),
       prefix_(std::move(prefix)),
       retry_(retry),
       callbacks_(std::move(callbacks)),
       pause_(executor) {
-  if (members_.empty()) members_.push_back(EtcdMember{"127.0.0.1", 2379});
+  if (access_.members.empty()) access_.members.push_back(EtcdMember{"127.0.0.1", 2379});
 }
 
 void KeyWatch::start() {
@@ -66,7 +64,7 @@ void KeyWatch::stop() {
   pause_.cancel();
   if (stream_) {
     boost::system::error_code ignored;
-    stream_->socket.socket().close(ignored);
+    stream_->stream.tcp().socket().close(ignored);
   }
 }
 
@@ -77,35 +75,33 @@ asio::awaitable<void> KeyWatch::run() {
     if (stopped_) co_return;
     if (live_ && callbacks_.live) callbacks_.live(false);
     live_ = false;
-    current_ = (current_ + 1) % members_.size();  // the next member, in case this one is gone
+    current_ = (current_ + 1) % access_.members.size();  // the next member, in case this one is gone
     pause_.expires_after(retry_);
     (void)co_await pause_.async_wait(as_result);
   }
 }
 
 asio::awaitable<bool> KeyWatch::watch_once() {
-  const auto member = members_[current_];
-  boost::system::error_code ec;
-  const auto address = asio::ip::make_address(member.host, ec);
-  if (ec) co_return false;
-  stream_ = std::make_shared<Stream>(executor_);
+  const auto member = access_.members[current_];
+  auto connected = co_await EtcdStream::connect(executor_, access_, member, std::chrono::seconds(5));
+  if (!connected || stopped_) co_return false;
+  stream_ = std::make_shared<Stream>(std::move(connected).value());
   auto stream = stream_;
-  stream->socket.expires_after(std::chrono::seconds(5));
-  if (auto [connected] = co_await stream->socket.async_connect(asio::ip::tcp::endpoint(address, member.port), as_result);
-      connected || stopped_) {
-    co_return false;
-  }
+  auto& etcd = stream->stream;
+  etcd.tcp().expires_after(std::chrono::seconds(5));
   std::string token;
-  if (!credentials_.user.empty()) {
+  if (!access_.credentials.user.empty()) {
     // A token of its own, asked for on this connection before the watch.
-    auto asked = json_post(member.host, "/v3/auth/authenticate", authenticate_body(credentials_));
+    auto asked = json_post(member.host, "/v3/auth/authenticate", authenticate_body(access_.credentials));
     asked.keep_alive(true);
-    if (auto [written, n] = co_await http::async_write(stream->socket, asked, as_result); written || stopped_) {
+    if (auto [written, n] = co_await etcd.visit([&](auto& s) { return http::async_write(s, asked, as_result); });
+        written || stopped_) {
       co_return false;
     }
     beast::flat_buffer answer_buffer;
     http::response<http::string_body> answer;
-    if (auto [read, n] = co_await http::async_read(stream->socket, answer_buffer, answer, as_result);
+    if (auto [read, n] =
+            co_await etcd.visit([&](auto& s) { return http::async_read(s, answer_buffer, answer, as_result); });
         read || stopped_ || answer.result() != http::status::ok) {
       co_return false;
     }
@@ -115,18 +111,20 @@ asio::awaitable<bool> KeyWatch::watch_once() {
   }
   const Json create{{"create_request", {{"key", to_base64(prefix_)}, {"range_end", to_base64(prefix_end(prefix_))}}}};
   auto request = json_post(member.host, "/v3/watch", create, token);
-  if (auto [written, n] = co_await http::async_write(stream->socket, request, as_result); written || stopped_) {
+  if (auto [written, n] = co_await etcd.visit([&](auto& s) { return http::async_write(s, request, as_result); });
+      written || stopped_) {
     co_return false;
   }
   // The stream has no end: no deadline from here on; a dead etcd closes it,
   // and across a partition the connection's keep-alive ends it within
   // keepalive_idle + keepalive_probes * keepalive_interval.
-  stream->socket.expires_never();
-  keep_alive(stream->socket.socket());
+  etcd.tcp().expires_never();
+  keep_alive(etcd.tcp().socket());
   beast::flat_buffer buffer;
   http::response_parser<http::string_body> parser;
   parser.body_limit(boost::none);
-  if (auto [read, n] = co_await http::async_read_header(stream->socket, buffer, parser, as_result);
+  if (auto [read, n] =
+          co_await etcd.visit([&](auto& s) { return http::async_read_header(s, buffer, parser, as_result); });
       read || stopped_ || parser.get().result() != http::status::ok) {
     co_return false;
   }
@@ -139,7 +137,8 @@ asio::awaitable<bool> KeyWatch::watch_once() {
       if (stopped_) co_return live_;
     }
     if (parser.is_done()) co_return live_;
-    auto [read, n] = co_await http::async_read_some(stream->socket, buffer, parser, as_result);
+    auto [read, n] =
+        co_await etcd.visit([&](auto& s) { return http::async_read_some(s, buffer, parser, as_result); });
     if (read || stopped_) co_return live_;
   }
 }

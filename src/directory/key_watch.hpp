@@ -45,10 +45,10 @@ class KeyWatch : public std::enable_shared_from_this<KeyWatch> {
     std::function<void(bool live)> live;
   };
 
-  /// Watches through one of `members` at a time: each time the watch
+  /// Watches through one of the members at a time: each time the watch
   /// breaks, it is made again through the next.
-  KeyWatch(boost::asio::any_io_executor executor, std::vector<EtcdMember> members, std::string prefix,
-           std::chrono::milliseconds retry, Callbacks callbacks, EtcdCredentials credentials = {});
+  KeyWatch(boost::asio::any_io_executor executor, EtcdAccess access, std::string prefix,
+           std::chrono::milliseconds retry, Callbacks callbacks);
 
   /// Starts watching (and reconnecting) in the background.
   void start();
@@ -67,9 +67,8 @@ class KeyWatch : public std::enable_shared_from_this<KeyWatch> {
   bool take_result(const std::string& line);
 
   boost::asio::any_io_executor executor_;
-  std::vector<EtcdMember> members_;
+  EtcdAccess access_;
   std::size_t current_ = 0;
-  EtcdCredentials credentials_;
   std::string prefix_;
   std::chrono::milliseconds retry_;
   Callbacks callbacks_;

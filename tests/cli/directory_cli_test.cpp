@@ -6,6 +6,7 @@
 // and its entries leave the directory with the lease.
 #include "cli/processes.hpp"
 #include "directory/etcd_server.hpp"
+#include "support/test_certificates.hpp"
 
 #include <signal.h>
 
@@ -34,14 +35,6 @@ class DirectoryCli : public TwoProcesses {
     // Announced (in etcd), not only announcing: a get may follow at once.
     EXPECT_TRUE(owner.wait_for_output("announced " + id)) << owner.captured;
     return owner;
-  }
-
-  /// Runs `corma` with `args` to its end; its exit status and output.
-  std::pair<int, std::string> run_corma(std::vector<std::string> args) {
-    args.insert(args.begin(), binary);
-    auto process = Process::start(args);
-    auto status = process.wait_exit(std::chrono::seconds(30));
-    return {status.value_or(-1), process.captured};
   }
 };
 
@@ -133,6 +126,58 @@ TEST_F(DirectoryCli, TheOnlyOwnerKilledMidFetchEndsTheGetClearlyWithinTheLeaseTt
     gone = listed == 0 && listing.find("owner-only") == std::string::npos;
   }
   EXPECT_TRUE(gone) << "the dead owner's entries outlived its lease";
+}
+
+/// The same commands against an etcd that speaks TLS only and asks each
+/// client for a certificate its CA signed.
+class DirectoryCliOverTls : public TwoProcesses {
+ protected:
+  corma::testing::TestCertificates pki;
+  corma::testing::EtcdProcess etcd;
+  std::string directory;
+
+  void SetUp() override {
+    if (auto missing = corma::testing::EtcdProcess::missing()) GTEST_SKIP() << *missing;
+    if (auto missing = pki.missing()) GTEST_SKIP() << *missing;
+    TwoProcesses::SetUp();
+    etcd.with_tls(pki.server_cert(), pki.server_key(), pki.ca());
+    ASSERT_TRUE(etcd.start()) << "etcd said:\n" << etcd.output();
+    directory = "https://127.0.0.1:" + std::to_string(etcd.client_port());
+  }
+
+  /// The flags that reach it: its CA, a client certificate and its key.
+  std::vector<std::string> tls_flags() const {
+    return {"--directory",      directory,          "--directory-cacert", pki.ca(), "--directory-cert",
+            pki.client_cert(), "--directory-key", pki.client_key()};
+  }
+};
+
+TEST_F(DirectoryCliOverTls, ServeGetAndLsWorkWithTheCaAndAClientCertificateAndAGetWithoutThemSaysWhy) {
+  write_file(root / "model.bin", std::vector<char>(100000, 't'));
+  auto args = tls_flags();
+  args.push_back("--owner-id");
+  args.push_back("owner-tls");
+  auto owner = serve(args);
+  ASSERT_TRUE(owner.wait_for_output("announced owner-tls")) << owner.captured;
+
+  auto ls = tls_flags();
+  ls.insert(ls.begin(), "ls");
+  auto [listed_status, listing] = run_corma(ls);
+  EXPECT_EQ(listed_status, 0) << listing;
+  EXPECT_NE(listing.find("owner-tls"), std::string::npos) << listing;
+
+  const auto out = base / "model.out";
+  std::vector<std::string> get = {"get", "model.bin", "-o", out.string()};
+  for (const auto& flag : tls_flags()) get.push_back(flag);
+  auto [status, output] = run_corma(get);
+  ASSERT_EQ(status, 0) << output;
+  EXPECT_EQ(read_file(out), read_file(root / "model.bin"));
+
+  // Trusting no CA of this etcd's, the get reaches no directory and says so.
+  auto [refused_status, refused] = run_corma({"get", "--directory", directory, "model.bin", "-o",
+                                              (base / "refused.out").string()});
+  EXPECT_NE(refused_status, 0) << refused;
+  EXPECT_NE(refused.find("certificate verify failed"), std::string::npos) << refused;
 }
 
 }  // namespace

@@ -183,6 +183,14 @@ class TwoProcesses : public TempTree {
     EXPECT_TRUE(server.wait_for_output("/metrics")) << server.captured;
     return server;
   }
+
+  /// Runs `corma` with `args` to its end; its exit status and output.
+  std::pair<int, std::string> run_corma(std::vector<std::string> args) {
+    args.insert(args.begin(), binary);
+    auto process = Process::start(args);
+    auto status = process.wait_exit(std::chrono::seconds(30));
+    return {status.value_or(-1), process.captured};
+  }
 };
 
 }  // namespace corma::cli::testing

@@ -353,9 +353,10 @@ WatchSaw watch_given(const std::string& event_line) {
   corma::directory::KeyWatch::Callbacks callbacks;
   callbacks.live = [&saw](bool live) { saw.live.push_back(live); };
   callbacks.changed = [&saw](const auto& change) { saw.changed.push_back(change.key); };
-  auto watch = std::make_shared<corma::directory::KeyWatch>(
-      io.get_executor(), std::vector<corma::EtcdMember>{{"127.0.0.1", fake_etcd.local_endpoint().port()}}, "/p/",
-                                                             std::chrono::hours(1), callbacks);
+  corma::directory::EtcdAccess access;
+  access.members.push_back(corma::EtcdMember{"127.0.0.1", fake_etcd.local_endpoint().port()});
+  auto watch = std::make_shared<corma::directory::KeyWatch>(io.get_executor(), access, "/p/", std::chrono::hours(1),
+                                                            callbacks);
   watch->start();
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   while (saw.live.size() < 2 && saw.changed.empty() && std::chrono::steady_clock::now() < until) {
@@ -410,7 +411,14 @@ TEST(DirectoryRecords, KeysAndEntriesAreCheckedBeforeUse) {
   ASSERT_EQ(members.value().other_members.size(), 2u);
   EXPECT_EQ(members.value().other_members[0].host, "127.0.0.2");
   EXPECT_EQ(members.value().other_members[1].port, 2381);
-  EXPECT_EQ(corma::directory::members_of(members.value()).size(), 3u);
+  EXPECT_EQ(corma::directory::access_of(members.value()).members.size(), 3u);
+  EXPECT_FALSE(members.value().tls);
+  auto secured = corma::parse_directory_address("https://127.0.0.1:2379,https://127.0.0.2:2379");
+  ASSERT_TRUE(secured);
+  EXPECT_TRUE(secured.value().tls);
+  EXPECT_TRUE(corma::parse_directory_address("https://127.0.0.1:2379,http://127.0.0.2:2379")
+                  .error()
+                  .is(corma::errc::out_of_range));
   EXPECT_FALSE(corma::parse_directory_address("127.0.0.1:2379,"));
   EXPECT_FALSE(corma::parse_directory_address("127.0.0.1:2379,:1"));
 }

@@ -55,6 +55,14 @@ class EtcdProcess {
     initial_cluster_ = std::move(initial_cluster);
   }
 
+  /// Makes this etcd serve its clients over TLS only, with this certificate
+  /// and key, asking each client for a certificate signed by `client_ca`
+  /// (before launch()).
+  void with_tls(std::string cert_file, std::string key_file, std::string client_ca) {
+    tls_ = {"--cert-file", std::move(cert_file), "--key-file", std::move(key_file), "--trusted-ca-file",
+            std::move(client_ca), "--client-cert-auth"};
+  }
+
   /// Starts etcd and waits until it serves clients; false (with what it
   /// said in output()) when it does not within `limit`.
   bool start(std::chrono::milliseconds limit = std::chrono::seconds(20)) {
@@ -69,7 +77,7 @@ class EtcdProcess {
       client_port_ = free_port();
       peer_port_ = free_port();
     }
-    const auto client = "http://" + host_ + ":" + std::to_string(client_port_);
+    const auto client = (tls_.empty() ? "http://" : "https://") + host_ + ":" + std::to_string(client_port_);
     const auto peer = "http://" + host_ + ":" + std::to_string(peer_port_);
     const auto cluster = initial_cluster_.empty() ? name_ + "=" + peer : initial_cluster_;
     const std::vector<std::string> etcd = {binary, "--name", name_, "--data-dir", data_.string(),
@@ -78,6 +86,7 @@ class EtcdProcess {
                                            "--initial-cluster", cluster};
     auto args = launcher_;
     args.insert(args.end(), etcd.begin(), etcd.end());
+    args.insert(args.end(), tls_.begin(), tls_.end());
     spawn(args);
   }
 
@@ -154,6 +163,7 @@ class EtcdProcess {
   std::string host_;
   std::string name_ = "corma-test";
   std::string initial_cluster_;  ///< empty: a cluster of this one member
+  std::vector<std::string> tls_;  ///< etcd's TLS flags; empty: plain HTTP
   std::uint16_t client_port_ = 0;
   std::uint16_t peer_port_ = 0;
   pid_t pid_ = -1;

@@ -44,6 +44,16 @@ struct DirectoryConfig {
   /// and sent with every call and the watch. Empty user: none.
   std::string user;
   std::string password;
+  /// TLS to every member (an https:// address, or a CA file given): etcd's
+  /// certificate must chain to `tls_ca_file` (empty: the system's trusted
+  /// CAs) and name the member's IP address. With `tls_cert_file` and
+  /// `tls_key_file` (PEM), the client shows that certificate, as etcd's
+  /// --client-cert-auth asks. A file that cannot be loaded fails every call
+  /// with `not_configured`.
+  bool tls = false;
+  std::string tls_ca_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
   /// Every key lives under this prefix, so several clusters can share one etcd.
   std::string key_prefix = "/corma";
   /// Deadline for each call to etcd.
@@ -63,8 +73,9 @@ struct DirectoryConfig {
   std::function<void(const std::string& owner, const Error& why)> on_rejected_entry;
 };
 
-/// "HOST:PORT" or "http://HOST:PORT" (HOST an IP address), or several of
-/// them separated by commas (the members of etcd's cluster), into a config.
+/// "HOST:PORT", "http://HOST:PORT" or "https://HOST:PORT" (HOST an IP
+/// address), or several of them separated by commas (the members of etcd's
+/// cluster, all with TLS or none), into a config.
 [[nodiscard]] Result<DirectoryConfig> parse_directory_address(std::string_view address);
 
 /// One owner as it announces itself.
