@@ -78,6 +78,8 @@ inline bool same(const rv::Heartbeat&, const rv::Heartbeat&) { return true; }
 inline bool same(const rv::HeartbeatOk& a, const rv::HeartbeatOk& b) {
   return a.leases == b.leases && a.lease_timeout_ms == b.lease_timeout_ms;
 }
+inline bool same(const rv::Prove& a, const rv::Prove& b) { return a.challenge == b.challenge; }
+inline bool same(const rv::Proof& a, const rv::Proof& b) { return a.owner_id == b.owner_id && a.mac == b.mac; }
 inline bool same(const rv::Granted& a, const rv::Granted& b);
 
 /// Two variants (messages, grants) hold the same alternative, field for field.

@@ -47,14 +47,24 @@ struct ConsumerConfig {
   /// Fetches (of any kind) running at once on the connection, RDMA
   /// transfers included; more wait their turn, in order. At least 1.
   std::size_t max_fetches_in_flight = 16;
-  /// The rendezvous protocol version offered in the hello: 5 (the owner
-  /// says which version of an object each fetch read) by default; an older
+  /// The rendezvous protocol version offered in the hello: 6 (the owner
+  /// can prove who it is; from 5 it says which version of an object each
+  /// fetch read) by default; an older
   /// owner answers with its own, and then FetchOutcome::generation stays
   /// empty and a byte range lent in windows steps through the windows before
   /// it (version 4), each lease is renewed by a frame of its own (version
   /// 3), async_push_fetch reads instead (version 2) and async_fetch_many
   /// fetches one object at a time (version 1).
   std::uint16_t protocol_version = rendezvous_protocol_version;
+  /// The cluster's shared key (at least 16 bytes; empty: none). With a key,
+  /// the owner must prove it holds it before the hello (version 6): the
+  /// consumer sends a fresh challenge and checks the owner's HMAC, and only
+  /// then makes its RDMA offer. An owner that cannot prove it (no key,
+  /// another key, an older version, another id than `expected_owner`) is
+  /// refused with `not_owned` and sees no offer and no push key.
+  std::string cluster_key{};
+  /// The owner id the proof must name (a directory's entry); empty: any id.
+  std::string expected_owner{};
   /// Remote keys async_fetch_many keeps imported for the owner's exports
   /// (each imported once, then reused by every set that reads that export);
   /// past it the keys no read is using are let go. At least 1.
@@ -199,9 +209,18 @@ class Consumer {
   /// backend. Completes with Result<std::unique_ptr<Consumer>>.
   template <class Token = DefaultToken>
   static auto connect(boost::asio::any_io_executor executor, boost::asio::ip::tcp::endpoint owner,
-                      std::shared_ptr<Registry> registry, ConsumerConfig config = {}, Token&& token = {}) {
+                      std::shared_ptr<Registry> registry, ConsumerConfig config, Token&& token = {}) {
     return detail::as_operation(executor, connect_and_greet(executor, owner, std::move(registry), std::move(config)),
                                 std::forward<Token>(token));
+  }
+  /// The same with the default config. An overload, not a default
+  /// argument: g++ 12 mishandles a default argument's temporary (its
+  /// strings) when the call sits inside a co_await expression.
+  template <class Token = DefaultToken>
+    requires(!std::is_same_v<std::decay_t<Token>, ConsumerConfig>)
+  static auto connect(boost::asio::any_io_executor executor, boost::asio::ip::tcp::endpoint owner,
+                      std::shared_ptr<Registry> registry, Token&& token = {}) {
+    return connect(std::move(executor), owner, std::move(registry), ConsumerConfig{}, std::forward<Token>(token));
   }
 
   Consumer(const Consumer&) = delete;
@@ -332,6 +351,9 @@ class Consumer {
 
   /// The protocol version agreed with the owner.
   [[nodiscard]] std::uint16_t protocol_version() const noexcept;
+  /// The owner id the owner proved with the cluster key; empty without a
+  /// key (ConsumerConfig::cluster_key).
+  [[nodiscard]] const std::string& proven_owner() const noexcept;
   /// Whether the owner accepted this consumer's RDMA offer.
   [[nodiscard]] bool rdma_ready() const noexcept;
   /// Whether the connection to the owner is still open: false once it was

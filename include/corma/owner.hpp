@@ -125,6 +125,14 @@ struct OwnerConfig {
   /// as UcxConfig::trusted_peers). verbs records are corma's own, checked
   /// whole.
   bool accept_push = false;
+  /// The cluster's shared key (at least 16 bytes; empty: none) and this
+  /// owner's id (1 to 255 bytes; the id it announces in a directory). With
+  /// both, a consumer's challenge before its hello (version 6) is answered
+  /// with proof that this owner holds the key and is that id; without a
+  /// key, such a challenge is refused (`not_owned`) and the connection
+  /// closed. Consumers without a key are served either way.
+  std::string cluster_key{};
+  std::string owner_id{};
 };
 
 struct OwnerStats {

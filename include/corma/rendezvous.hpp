@@ -14,7 +14,11 @@ namespace corma {
 /// The rendezvous protocol version this corma speaks: a consumer offers it,
 /// an owner speaks it and every older one (docs/protocol.md, "Versions"),
 /// and announces it in the directory.
-inline constexpr std::uint16_t rendezvous_protocol_version = 5;
+inline constexpr std::uint16_t rendezvous_protocol_version = 6;
+
+/// The fewest bytes a cluster key (OwnerConfig::cluster_key,
+/// ConsumerConfig::cluster_key) may have.
+inline constexpr std::size_t min_cluster_key_size = 16;
 
 /// Object names are at most this long; a frame naming a longer one is
 /// malformed.

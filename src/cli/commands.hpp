@@ -41,6 +41,7 @@ struct ServeOptions {
   std::vector<std::string> announce;    ///< name prefixes announced; empty: "" (every file)
   double announce_ttl_s = 10;
   bool accept_push = false;  ///< OwnerConfig::accept_push
+  std::string cluster_key_file;  ///< the key this owner proves who it is with; empty: none
 };
 
 struct GetOptions {
@@ -53,6 +54,7 @@ struct GetOptions {
   std::uint32_t pull_window = ConsumerConfig{}.pull_window;
   TransportOptions transport;
   DirectoryOptions directory;  ///< set: `owner` is not given, the directory finds one
+  std::string cluster_key_file;  ///< owners must prove they hold this key; empty: none
 };
 
 struct ListOptions {

@@ -37,11 +37,24 @@ Result<DirectoryConfig> directory_config(const DirectoryOptions& options) {
   return config;
 }
 
-Announcement serve_announcement(const ServeOptions& options, const asio::ip::tcp::endpoint& bound, bool rdma) {
+namespace {
+
+std::string host_name() {
   char host[256] = {};
   if (::gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "localhost");
+  return host;
+}
+
+}  // namespace
+
+std::string serve_owner_id(const ServeOptions& options, std::uint16_t port) {
+  return options.owner_id.empty() ? host_name() + "-" + std::to_string(port) : options.owner_id;
+}
+
+Announcement serve_announcement(const ServeOptions& options, const asio::ip::tcp::endpoint& bound, bool rdma) {
+  const auto host = host_name();
   Announcement a;
-  a.owner.id = options.owner_id.empty() ? std::string(host) + "-" + std::to_string(bound.port()) : options.owner_id;
+  a.owner.id = serve_owner_id(options, bound.port());
   a.owner.host = bound.address().to_string();
   a.owner.port = bound.port();
   a.owner.machine = host;

@@ -1,4 +1,5 @@
 // corma get: fetch one object from a corma serve and write it to a file.
+#include "cluster_key.hpp"
 #include "address.hpp"
 #include "commands.hpp"
 #include "directory_options.hpp"
@@ -137,6 +138,14 @@ int run_get(const GetOptions& options) {
 
   ConsumerConfig config;
   config.pull_window = options.pull_window;
+  if (!options.cluster_key_file.empty()) {
+    auto key = read_cluster_key(options.cluster_key_file);
+    if (!key) {
+      std::fprintf(stderr, "corma get: %s\n", key.error().message().c_str());
+      return 2;
+    }
+    config.cluster_key = std::move(key).value();
+  }
   const bool terminal = ::isatty(STDOUT_FILENO) != 0;
   constexpr std::uint64_t progress_from = 16 << 20;
   if (terminal) {

@@ -74,6 +74,10 @@ int main(int argc, char** argv) {
         ->check(CLI::ExistingFile);
   };
   add_directory(serve_cmd, serve.directory);
+  serve_cmd->add_option("--cluster-key", serve.cluster_key_file,
+                        "file holding the cluster's shared key (16 bytes to 4 KiB): this owner proves with it to "
+                        "consumers that it holds the key and is its --owner-id")
+      ->check(CLI::ExistingFile);
   serve_cmd->add_option("--owner-id", serve.owner_id, "this owner's id in the directory (default: HOST-PORT)");
   serve_cmd->add_option("--announce", serve.announce,
                         "a name prefix announced in the directory (repeatable; default: every file)");
@@ -103,6 +107,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
 
   add_directory(get_cmd, get.directory);
+  get_cmd->add_option("--cluster-key", get.cluster_key_file,
+                      "file holding the cluster's shared key: an owner must prove it holds it (and, through "
+                      "--directory, that it is the owner the directory names) before this side offers RDMA or "
+                      "asks anything; one that cannot is left for the next")
+      ->check(CLI::ExistingFile);
 
   ListOptions list;
   auto* ls_cmd = app.add_subcommand("ls", "list the names (and prefixes) the directory's owners announce");

@@ -1,6 +1,7 @@
 // corma serve: an Owner over the files of one directory.
 #include "address.hpp"
 #include "commands.hpp"
+#include "cluster_key.hpp"
 #include "directory_options.hpp"
 #include "file_resolver.hpp"
 #include "metrics_server.hpp"
@@ -56,7 +57,26 @@ int run_serve(const ServeOptions& options) {
   }
   auto registry = std::make_shared<Registry>(backend.value().backend, RegistryConfig{budget.value(), 0});
 
+  asio::ip::tcp::acceptor acceptor(io);
+  boost::system::error_code ec;
+  acceptor.open(listen.value().protocol(), ec);
+  if (!ec) acceptor.set_option(asio::ip::tcp::acceptor::reuse_address(true), ec);
+  if (!ec) acceptor.bind(listen.value(), ec);
+  if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    std::fprintf(stderr, "corma serve: cannot listen on %s: %s\n", options.listen.c_str(), ec.message().c_str());
+    return 1;
+  }
   OwnerConfig owner_config;
+  if (!options.cluster_key_file.empty()) {
+    auto key = read_cluster_key(options.cluster_key_file);
+    if (!key) {
+      std::fprintf(stderr, "corma serve: %s\n", key.error().message().c_str());
+      return 2;
+    }
+    owner_config.cluster_key = std::move(key).value();
+    owner_config.owner_id = serve_owner_id(options, acceptor.local_endpoint().port());
+  }
   owner_config.max_connections = options.max_connections;
   owner_config.max_leases = options.max_leases;
   owner_config.max_handshakes = options.max_handshakes;
@@ -76,16 +96,6 @@ int run_serve(const ServeOptions& options) {
       },
       [files] { files.refresh(); });
 
-  asio::ip::tcp::acceptor acceptor(io);
-  boost::system::error_code ec;
-  acceptor.open(listen.value().protocol(), ec);
-  if (!ec) acceptor.set_option(asio::ip::tcp::acceptor::reuse_address(true), ec);
-  if (!ec) acceptor.bind(listen.value(), ec);
-  if (!ec) acceptor.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) {
-    std::fprintf(stderr, "corma serve: cannot listen on %s: %s\n", options.listen.c_str(), ec.message().c_str());
-    return 1;
-  }
   std::optional<Directory> directory;
   if (!options.directory.address.empty()) {
     auto config = directory_config(options.directory);
@@ -115,6 +125,10 @@ int run_serve(const ServeOptions& options) {
   std::printf("corma serve: listening on %s:%u, root %s, budget %s, %s, %u file threads, %s\n",
               bound.address().to_string().c_str(), bound.port(), options.root.c_str(),
               format_size(budget.value()).c_str(), backend.value().description.c_str(), options.file_threads, pushes);
+  if (!owner_config.cluster_key.empty()) {
+    std::printf("corma serve: proves to consumers that it is '%s', holding the cluster key\n",
+                owner_config.owner_id.c_str());
+  }
   if (metrics) {
     std::printf("corma serve: metrics on http://%s:%u/metrics\n",
                 metrics->local_endpoint().address().to_string().c_str(), metrics->local_endpoint().port());

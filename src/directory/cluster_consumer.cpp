@@ -27,7 +27,8 @@ namespace {
 /// reach, greet or be served by an owner moves on (refused or closed,
 /// silent past the io timeout, something that is not corma on its port or a
 /// version it cannot agree on: `protocol`, a descriptor it cannot trust,
-/// the owner draining, refusing for lack of room, or not holding the name).
+/// the owner draining, refusing for lack of room, not holding the name, or
+/// failing the cluster key's proof: `not_owned`).
 /// What another owner would meet the same way ends the fetch: the caller's
 /// cancellation, a range the object does not have, this side's sink or
 /// provider failing (`backend`), and `object_changed` (bytes of a version
@@ -35,7 +36,7 @@ namespace {
 bool another_owner_may_serve(const Error& error) {
   return error.is(errc::peer_unreachable) || error.is(errc::timeout) || error.is(errc::shutting_down) ||
          error.is(errc::region_not_found) || error.is(errc::protocol) || error.is(errc::invalid_key) ||
-         error.is(errc::budget_exceeded);
+         error.is(errc::budget_exceeded) || error.is(errc::not_owned);
 }
 
 /// What a fetch every owner failed ends with: the one error they all gave
@@ -72,7 +73,9 @@ struct ClusterConsumer::State {
     const auto address = asio::ip::make_address(owner.host, ec);
     if (ec) co_return fail(errc::peer_unreachable, "owner " + owner.id + " announced '" + owner.host + "'");
     const asio::ip::tcp::endpoint endpoint(address, owner.port);
-    CORMA_CO_TRY(auto consumer, co_await Consumer::connect(executor, endpoint, registry, config));
+    auto for_owner = config;
+    for_owner.expected_owner = owner.id;  // with a cluster key, it must prove to be this owner
+    CORMA_CO_TRY(auto consumer, co_await Consumer::connect(executor, endpoint, registry, for_owner));
     std::shared_ptr<Consumer> shared = std::move(consumer);
     pool[owner.id] = shared;
     co_return shared;

@@ -128,6 +128,38 @@ TEST_F(DirectoryCli, TheOnlyOwnerKilledMidFetchEndsTheGetClearlyWithinTheLeaseTt
   EXPECT_TRUE(gone) << "the dead owner's entries outlived its lease";
 }
 
+TEST_F(DirectoryCli, WithAClusterKeyAGetTakesTheOwnerThatProvesItAndRefusesOneThatCannot) {
+  write_file(root / "keyed.bin", std::vector<char>(50000, 'k'));
+  write_file(base / "cluster.key", std::vector<char>(32, 'K'));
+  write_file(base / "other.key", std::vector<char>(32, 'X'));
+  const auto key = (base / "cluster.key").string();
+  auto good = serve({"--directory", directory, "--owner-id", "owner-good", "--cluster-key", key});
+  ASSERT_TRUE(good.wait_for_output("announced owner-good")) << good.captured;
+  EXPECT_NE(good.captured.find("proves to consumers that it is 'owner-good'"), std::string::npos) << good.captured;
+  auto bad = serve({"--directory", directory, "--owner-id", "owner-bad", "--cluster-key", (base / "other.key").string()});
+  ASSERT_TRUE(bad.wait_for_output("announced owner-bad")) << bad.captured;
+
+  const auto out = base / "keyed.out";
+  auto [status, output] = run_corma({"get", "--directory", directory, "keyed.bin", "-o", out.string(), "--cluster-key", key});
+  ASSERT_EQ(status, 0) << output;
+  EXPECT_NE(output.find("from owner-good"), std::string::npos) << output;
+  EXPECT_EQ(read_file(out), read_file(root / "keyed.bin"));
+
+  // Asked directly, the owner with another key is refused, and says why.
+  const std::string bad_owner = "127.0.0.1:" + port_after(bad.captured, "listening on");
+  auto [refused_status, refused] =
+      run_corma({"get", bad_owner, "keyed.bin", "-o", (base / "refused.out").string(), "--cluster-key", key});
+  EXPECT_EQ(refused_status, 1) << refused;
+  EXPECT_NE(refused.find("did not prove it holds the cluster key"), std::string::npos) << refused;
+  EXPECT_FALSE(std::filesystem::exists(base / "refused.out")) << "a refused get left its output behind";
+
+  // A key file too short to be a key is refused before anything starts.
+  write_file(base / "short.key", std::vector<char>(8, 's'));
+  auto [short_status, short_output] = run_corma(
+      {"get", bad_owner, "keyed.bin", "-o", (base / "short.out").string(), "--cluster-key", (base / "short.key").string()});
+  EXPECT_EQ(short_status, 2) << short_output;
+}
+
 /// The same commands against an etcd that speaks TLS only and asks each
 /// client for a certificate its CA signed.
 class DirectoryCliOverTls : public TwoProcesses {

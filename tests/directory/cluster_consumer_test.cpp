@@ -95,6 +95,42 @@ TEST_F(ClusterConsumerTest, ALostOwnerIsReplacedByTheNextReplicaAndTheOutcomeSay
   primary.reset();
 }
 
+TEST_F(ClusterConsumerTest, WithAClusterKeyOwnersThatCannotProveTheirEntrysIdAreLeftForOneThatCan) {
+  const std::string key = "the cluster's key, 32 bytes long";
+  corma::OwnerConfig keyed;
+  keyed.cluster_key = key;
+  keyed.owner_id = "owner-good";
+  AnnouncedOwner good(io, config(), "owner-good", 7, bytes, keyed);
+  // Both rank first and serve bytes of their own: one without the key, one
+  // holding it under another entry's id.
+  const std::vector<std::byte> forged(bytes.size(), std::byte{0x66});
+  AnnouncedOwner impostor(io, config(), "owner-impostor", 0, forged);
+  AnnouncedOwner misnamed(io, config(), "owner-misnamed", 1, forged, keyed);
+  ASSERT_TRUE(good.announced && impostor.announced && misnamed.announced);
+  auto directory = std::make_shared<corma::Directory>(io.get_executor(), config());
+  corma::ConsumerConfig with_key;
+  with_key.cluster_key = key;
+  corma::ClusterConsumer cluster(io.get_executor(), directory, nullptr, with_key);
+  std::vector<std::byte> got;
+  auto fetched = fetch(cluster, got);
+  ASSERT_TRUE(fetched) << fetched.error().message();
+  EXPECT_EQ(fetched.value().owner, "owner-good");
+  EXPECT_EQ(got, bytes);
+  ASSERT_EQ(fetched.value().failed.size(), 2u);
+  for (const auto& failed : fetched.value().failed) {
+    EXPECT_TRUE(failed.error.is(errc::not_owned)) << failed.owner << ": " << failed.error.message();
+  }
+  EXPECT_EQ(impostor.owner.stats().decisions.chunked() + misnamed.owner.stats().decisions.chunked(), 0u)
+      << "an owner that failed the proof was asked for the object";
+
+  // Without a key, the ranking is all there is: the impostor serves.
+  corma::ClusterConsumer keyless(io.get_executor(), directory, nullptr);
+  auto trusting = fetch(keyless, got);
+  ASSERT_TRUE(trusting) << trusting.error().message();
+  EXPECT_EQ(trusting.value().owner, "owner-impostor");
+  EXPECT_EQ(got, forged);
+}
+
 TEST_F(ClusterConsumerTest, ARangeIsFetchedFromTheOwnerThatServesItAndSaysThatOwnersVersion) {
   AnnouncedOwner owner(io, config(), "owner-one", 1, bytes);
   ASSERT_TRUE(owner.announced);

@@ -35,6 +35,13 @@ std::vector<std::byte> descriptor_bytes(std::size_t key_size = 16) {
   return corma::encode(corma::RemoteRegion{BackendId{1}, 5, 0x10000, 1 << 20, blob(key_size)});
 }
 
+/// 32 bytes counting up from `first` (a challenge, or a MAC).
+std::array<std::byte, 32> challenge_of(int first) {
+  std::array<std::byte, 32> bytes{};
+  for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<std::byte>(first + static_cast<int>(i));
+  return bytes;
+}
+
 /// One frame of every type, some with their variants.
 std::vector<Frame> samples() {
   return {
@@ -76,6 +83,9 @@ std::vector<Frame> samples() {
       {33, rv::Pushed{1 << 20}},
       {34, rv::Heartbeat{}},
       {35, rv::HeartbeatOk{512, 10000}},
+      {36, rv::Prove{challenge_of(7)}},
+      {37, rv::Proof{"owner-a", challenge_of(9)}},
+      {38, rv::Proof{std::string(rv::max_proof_owner_id, 'o'), challenge_of(0)}},
   };
 }
 
@@ -196,6 +206,23 @@ TEST(FrameLayout, PayloadSizes) {
   EXPECT_EQ(payload(rv::Release{}), 8U);
   EXPECT_EQ(payload(rv::Released{}), 0U);
   EXPECT_EQ(payload(rv::ErrorReply{1, "abcd"}), 2U + 2U + 4U);
+  EXPECT_EQ(payload(rv::Prove{}), 32U);
+  EXPECT_EQ(payload(rv::Proof{"abc", {}}), 1U + 3U + 32U);
+}
+
+TEST(FrameRefusal, AProofWithoutAnOwnerIdOrAShortChallengeOrMac) {
+  auto no_id = header(static_cast<std::uint8_t>(MessageType::proof));
+  append_le(no_id, 0, 1);
+  for (int i = 0; i < 32; ++i) append_le(no_id, 1, 1);
+  EXPECT_TRUE(refused(no_id));
+  auto short_mac = header(static_cast<std::uint8_t>(MessageType::proof));
+  append_le(short_mac, 1, 1);
+  append_le(short_mac, 'o', 1);
+  for (int i = 0; i < 31; ++i) append_le(short_mac, 1, 1);
+  EXPECT_TRUE(refused(short_mac));
+  auto short_challenge = header(static_cast<std::uint8_t>(MessageType::prove));
+  for (int i = 0; i < 31; ++i) append_le(short_challenge, 1, 1);
+  EXPECT_TRUE(refused(short_challenge));
 }
 
 TEST(FrameLayout, TypeOfEveryMessage) {

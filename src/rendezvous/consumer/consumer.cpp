@@ -176,6 +176,7 @@ std::string FetchOutcome::reason_text() const {
 asio::any_io_executor Consumer::executor() const { return state_->executor; }
 
 std::uint16_t Consumer::protocol_version() const noexcept { return state_->version; }
+const std::string& Consumer::proven_owner() const noexcept { return state_->proven_owner; }
 bool Consumer::rdma_ready() const noexcept { return state_->peer.has_value(); }
 bool Consumer::is_connected() const noexcept { return state_->link && state_->link->is_open(); }
 ConsumerStats Consumer::stats() const {

@@ -1,4 +1,5 @@
 #include "rendezvous/consumer/consumer_state.hpp"
+#include "rendezvous/protocol/owner_proof.hpp"
 #include "rendezvous/consumer/keep_until_deregistered.hpp"
 
 #include <boost/asio/as_tuple.hpp>
@@ -531,7 +532,39 @@ asio::awaitable<Result<FetchOutcome>> Consumer::State::fetch(std::string name, c
   co_return fetched;
 }
 
+asio::awaitable<Result<void>> Consumer::State::prove_owner() {
+  if (config.cluster_key.size() < min_cluster_key_size) {
+    co_return fail(errc::not_configured,
+                   "a cluster key has at least " + std::to_string(min_cluster_key_size) + " bytes");
+  }
+  if (config.protocol_version < proof_protocol_version) {
+    co_return fail(errc::not_configured, "an owner's proof needs protocol version " +
+                                             std::to_string(proof_protocol_version));
+  }
+  CORMA_CO_TRY(auto challenge, fresh_challenge());
+  auto reply = co_await request(Prove{challenge});
+  const auto refused = [this](const std::string& why) {
+    return Error{errc::not_owned, "the owner" + (config.expected_owner.empty() ? "" : " '" + config.expected_owner + "'") +
+                                      " did not prove it holds the cluster key: " + why};
+  };
+  if (!reply) co_return refused(reply.error().message());
+  auto* proof = std::get_if<Proof>(&reply.value());
+  if (proof == nullptr) co_return refused("it answered something else");
+  const auto key = std::as_bytes(std::span{config.cluster_key.data(), config.cluster_key.size()});
+  if (!proof_holds(key, challenge, *proof)) co_return refused("its proof as '" + proof->owner_id + "' is wrong");
+  if (!config.expected_owner.empty() && proof->owner_id != config.expected_owner) {
+    co_return refused("it proved to be '" + proof->owner_id + "'");
+  }
+  proven_owner = proof->owner_id;
+  co_return success();
+}
+
 asio::awaitable<Result<void>> Consumer::State::hello() {
+  // With a cluster key, nothing of this side's (its RDMA offer, later its
+  // push keys) goes to an owner before it proved who it is.
+  if (!config.cluster_key.empty()) {
+    CORMA_CO_TRY(co_await prove_owner());
+  }
   Hello hello;
   hello.version = config.protocol_version;
   std::optional<PeerId> pending;

@@ -74,6 +74,7 @@ struct Consumer::State {
   /// (version 2 on).
   std::uint16_t version = 0;
   std::uint16_t max_batch = 1;
+  std::string proven_owner;  ///< the id the owner proved, with a cluster key
   /// A remote key imported for `peer`, and what says it is in use: every
   /// read that names it holds a copy of `users` until its transfer ended.
   struct ImportedKey {
@@ -215,7 +216,11 @@ struct Consumer::State {
   /// Many objects into slots of registered regions (fetch_many.cpp).
   Awaitable<ManyFetched> fetch_many(std::vector<std::string> names, std::vector<FetchSlot> slots);
 
+  /// The hello (after the owner's proof, with a cluster key).
   Awaitable<Result<void>> hello();
+  /// Asks the owner to prove it holds the cluster key (and is the expected
+  /// owner): `not_owned` when it does not.
+  Awaitable<Result<void>> prove_owner();
 
   // ---- push (consumer_push.cpp) ----------------------------------------------------
 

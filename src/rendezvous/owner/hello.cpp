@@ -1,5 +1,9 @@
 #include "rendezvous/owner/hello.hpp"
 
+#include "rendezvous/protocol/owner_proof.hpp"
+
+#include <corma/rendezvous.hpp>
+
 #include <boost/asio/use_awaitable.hpp>
 
 #include <algorithm>
@@ -9,6 +13,14 @@ namespace corma::rendezvous {
 std::optional<std::uint16_t> negotiated_version(std::uint16_t offered) noexcept {
   if (offered < oldest_protocol_version) return std::nullopt;
   return std::min(offered, protocol_version);
+}
+
+Message answer_prove(const Prove& prove, std::string_view key, std::string_view owner_id) {
+  if (key.size() < min_cluster_key_size || owner_id.empty() || owner_id.size() > max_proof_owner_id) {
+    return ErrorReply{static_cast<std::uint16_t>(errc::not_owned), "this owner holds no cluster key"};
+  }
+  const auto key_bytes = std::as_bytes(std::span{key.data(), key.size()});
+  return Proof{std::string(owner_id), owner_proof_mac(key_bytes, prove.challenge, owner_id)};
 }
 
 boost::asio::awaitable<HelloAnswer> answer_hello(RdmaBackend* backend, Hello hello, std::uint16_t max_batch) {

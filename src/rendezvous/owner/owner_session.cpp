@@ -14,6 +14,16 @@ using namespace rendezvous;
 asio::awaitable<Owner::State::Greeting> Owner::State::handshake(FramedConnection& connection) {
   Greeting greeting;
   auto first = co_await connection.read(config.io_timeout, config.io_timeout);
+  if (first && std::holds_alternative<Prove>(first.value().message)) {
+    // A consumer holding the cluster key asks for the proof before its
+    // hello; an owner that cannot give it says so and closes.
+    auto proof = answer_prove(std::get<Prove>(first.value().message), config.cluster_key, config.owner_id);
+    const bool proved = std::holds_alternative<Proof>(proof);
+    Frame answer{first.value().request_id, std::move(proof)};
+    if (!proved) ++stats.refused_requests;
+    if (!(co_await connection.write(answer, config.io_timeout)) || !proved) co_return greeting;
+    first = co_await connection.read(config.io_timeout, config.io_timeout);
+  }
   if (!first || !std::holds_alternative<Hello>(first.value().message)) {
     ++stats.refused_requests;
     co_return greeting;

@@ -2,6 +2,7 @@
 
 #include "wire/codec.hpp"
 
+#include <algorithm>
 #include <iterator>
 #include <string>
 #include <type_traits>
@@ -214,6 +215,14 @@ void put_payload(Writer& out, const Push& m) {
 void put_payload(Writer& out, const Pushed& m) {
   out.u64(m.size);
   put_generation(out, m.generation);
+}
+
+void put_payload(Writer& out, const Prove& m) { out.bytes(m.challenge); }
+
+void put_payload(Writer& out, const Proof& m) {
+  out.u8(checked_length<std::uint8_t>(m.owner_id.size(), "proof owner id"));
+  out.text(m.owner_id);
+  out.bytes(m.mac);
 }
 
 void put_payload(Writer&, const Heartbeat&) {}
@@ -566,6 +575,23 @@ Result<HeartbeatOk> get_heartbeat_ok(Reader& in) {
 }
 
 Result<Heartbeat> get_heartbeat(Reader&) { return Heartbeat{}; }
+
+Result<Prove> get_prove(Reader& in) {
+  Prove m;
+  CORMA_TRY(auto challenge, in.bytes(proof_challenge_size, "prove challenge"));
+  std::copy(challenge.begin(), challenge.end(), m.challenge.begin());
+  return m;
+}
+
+Result<Proof> get_proof(Reader& in) {
+  Proof m;
+  CORMA_TRY(auto id_length, in.u8("proof owner id length"));
+  if (id_length == 0) return fail(errc::protocol, "proof with an empty owner id");
+  CORMA_TRY(m.owner_id, in.text(id_length, "proof owner id"));
+  CORMA_TRY(auto mac, in.bytes(proof_mac_size, "proof mac"));
+  std::copy(mac.begin(), mac.end(), m.mac.begin());
+  return m;
+}
 Result<NotFound> get_not_found(Reader&) { return NotFound{}; }
 Result<Released> get_released(Reader&) { return Released{}; }
 

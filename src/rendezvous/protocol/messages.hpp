@@ -12,6 +12,7 @@
 #include <string>
 #include <string_view>
 #include <variant>
+#include <array>
 #include <vector>
 
 namespace corma::rendezvous {
@@ -36,6 +37,15 @@ inline constexpr std::uint16_t heartbeat_protocol_version = 4;
 /// rdma_window and pushed, and in `granted` one per answer after the
 /// answers. An owner sends it to version 5 sessions only (fit_to_version).
 inline constexpr std::uint16_t generation_protocol_version = 5;
+/// Version 6 adds the owner's proof (prove, proof): before its hello, a
+/// consumer holding the cluster key sends a fresh challenge, and the owner
+/// answers with its id and an HMAC-SHA-256 of both under that key.
+inline constexpr std::uint16_t proof_protocol_version = 6;
+/// Bytes of a prove's challenge and of a proof's MAC.
+inline constexpr std::size_t proof_challenge_size = 32;
+inline constexpr std::size_t proof_mac_size = 32;
+/// Longer owner ids in a proof make it malformed.
+inline constexpr std::size_t max_proof_owner_id = 255;
 /// u32 body length, u8 type, u8 reserved, u16 reserved, u64 request id.
 inline constexpr std::size_t frame_header_size = 16;
 /// Bytes after the length prefix of the fixed header.
@@ -83,7 +93,9 @@ inline constexpr std::uint32_t default_max_frame_body = (1u << 20) + 64;
   X(24, push, Push)                  \
   X(25, pushed, Pushed)              \
   X(26, heartbeat, Heartbeat)        \
-  X(27, heartbeat_ok, HeartbeatOk)
+  X(27, heartbeat_ok, HeartbeatOk)    \
+  X(28, prove, Prove)                \
+  X(29, proof, Proof)
 
 #define CORMA_MESSAGE_ENUMERATOR(value, name, Type) name = value,
 enum class MessageType : std::uint8_t { CORMA_RENDEZVOUS_MESSAGES(CORMA_MESSAGE_ENUMERATOR) };
@@ -249,6 +261,19 @@ struct Heartbeat {};
 struct HeartbeatOk {
   std::uint32_t leases = 0;
   std::uint32_t lease_timeout_ms = 0;
+};
+
+/// Consumer → owner (version 6), only as the first frame, before the hello:
+/// prove you hold the cluster key. Answered `proof`, or `error` `not_owned`
+/// by an owner without a key; the hello follows on the same connection.
+struct Prove {
+  std::array<std::byte, proof_challenge_size> challenge{};
+};
+/// Owner → consumer: who it is, and HMAC-SHA-256(cluster key, the proof's
+/// context, challenge, owner id) (rendezvous/protocol/owner_proof.hpp).
+struct Proof {
+  std::string owner_id;  ///< 1 to max_proof_owner_id bytes
+  std::array<std::byte, proof_mac_size> mac{};
 };
 
 /// The largest encoding of one answer in `granted` (a window with the
