@@ -80,7 +80,16 @@ int run_list(const ListOptions& options) {
     std::fprintf(stderr, "corma ls: %s\n", listing.error().message().c_str());
     return 1;
   }
-  for (const auto& entry : listing.value()) std::printf("%s\t%s\n", entry.name.c_str(), entry.owner.c_str());
+  // An owner consumers skip is listed with the reason, so that a cluster's
+  // operator sees what its consumers do not.
+  for (const auto& entry : listing.value()) {
+    if (entry.unusable.empty()) {
+      std::printf("%s\t%s\n", entry.name.c_str(), entry.owner.c_str());
+    } else {
+      std::printf("%s\t%s\tskipped by consumers: %s\n", entry.name.c_str(), entry.owner.c_str(),
+                  entry.unusable.c_str());
+    }
+  }
   return 0;
 }
 

@@ -512,6 +512,18 @@ asio::awaitable<Result<std::vector<DirectoryListing>>> Directory::list(std::stri
       listing.push_back({split->name + "*", std::move(split->owner)});
     }
   }
+  // Each owner's entry, checked as a consumer checks it before ranking.
+  CORMA_CO_TRY(auto owners, co_await state->client.range_prefix(directory::owners_prefix(config)));
+  std::map<std::string, std::string, std::less<>> why_unusable;  // owner id: "" when its entry is good
+  for (const auto& kv : owners.kvs) {
+    const auto id = std::string_view(kv.key).substr(directory::owners_prefix(config).size());
+    auto entry = directory::decode_owner(id, kv.value);
+    why_unusable.emplace(id, entry ? std::string() : entry.error().message());
+  }
+  for (auto& listed : listing) {
+    auto it = why_unusable.find(listed.owner);
+    listed.unusable = it == why_unusable.end() ? "it has no owner entry" : it->second;
+  }
   co_return listing;
 }
 

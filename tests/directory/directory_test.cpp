@@ -318,6 +318,19 @@ TEST_F(DirectoryTest, EntriesNoConsumerCouldUseAreSkippedCountedAndReportedOnceP
       },
       std::chrono::seconds(5)));
   EXPECT_EQ(reported["evil-host"], 2);
+  // A listing shows every entry, each bad one with why consumers skip it,
+  // and a name whose owner has no entry at all.
+  ASSERT_TRUE(corma::testing::run(io, writer.put(corma::directory::name_key(c, "orphan", "owner-gone"), "", 0)));
+  auto listed = corma::testing::run(io, consumer.async_list(""));
+  ASSERT_TRUE(listed) << listed.error().message();
+  std::map<std::string, std::string> unusable;
+  for (const auto& entry : listed.value()) unusable[entry.owner] = entry.unusable;
+  EXPECT_EQ(unusable.at("owner-good"), "");
+  for (const auto& [id, json] : evil) {
+    EXPECT_NE(unusable.at(id), "") << id << " is listed as usable";
+  }
+  EXPECT_NE(unusable.at("evil-host").find("is an IP address, not"), std::string::npos) << unusable.at("evil-host");
+  EXPECT_EQ(unusable.at("owner-gone"), "it has no owner entry");
   // And none can be announced.
   corma::Directory bad(io.get_executor(), config());
   auto refused = corma::testing::run(io, bad.async_announce(owner("owner-bad", "m", corma::directory::max_owner_load + 1, {"obj"})));

@@ -112,6 +112,9 @@ using Resolution = Result<std::vector<OwnerEntry>>;
 struct DirectoryListing {
   std::string name;  ///< a name, or a prefix ending in '*'
   std::string owner;
+  /// Why consumers skip this owner (its entry is missing, or is not one a
+  /// consumer could rank and connect to); empty: its entry is good.
+  std::string unusable{};
 };
 
 struct DirectoryStats {
