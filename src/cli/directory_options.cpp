@@ -33,7 +33,7 @@ Result<DirectoryConfig> directory_config(const DirectoryOptions& options) {
   config.tls_ca_file = options.cacert;
   config.tls_cert_file = options.cert;
   config.tls_key_file = options.key;
-  config.tls = config.tls || !options.cacert.empty() || !options.cert.empty();
+  config.tls = config.tls || !options.cacert.empty() || !options.cert.empty() || !options.key.empty();
   return config;
 }
 

@@ -76,6 +76,10 @@ int run_serve(const ServeOptions& options) {
     }
     owner_config.cluster_key = std::move(key).value();
     owner_config.owner_id = serve_owner_id(options, acceptor.local_endpoint().port());
+    if (owner_config.owner_id.size() > 255) {  // what a proof can carry
+      std::fprintf(stderr, "corma serve: an owner id that proves itself is at most 255 bytes\n");
+      return 2;
+    }
   }
   owner_config.max_connections = options.max_connections;
   owner_config.max_leases = options.max_leases;

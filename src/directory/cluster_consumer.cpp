@@ -27,16 +27,19 @@ namespace {
 /// reach, greet or be served by an owner moves on (refused or closed,
 /// silent past the io timeout, something that is not corma on its port or a
 /// version it cannot agree on: `protocol`, a descriptor it cannot trust,
-/// the owner draining, refusing for lack of room, not holding the name, or
-/// failing the cluster key's proof: `not_owned`).
+/// the owner draining, refusing for lack of room, or not holding the name).
+/// An owner that fails the cluster key's proof (`not_owned` from
+/// connected()) is left too; a `not_owned` answer to a fetch (a name no
+/// owner may serve) ends the fetch.
 /// What another owner would meet the same way ends the fetch: the caller's
 /// cancellation, a range the object does not have, this side's sink or
 /// provider failing (`backend`), and `object_changed` (bytes of a version
 /// already written must not be followed by another version's).
-bool another_owner_may_serve(const Error& error) {
+bool another_owner_may_serve(const Error& error, bool connecting) {
+  if (connecting && error.is(errc::not_owned)) return true;  // failed the proof
   return error.is(errc::peer_unreachable) || error.is(errc::timeout) || error.is(errc::shutting_down) ||
          error.is(errc::region_not_found) || error.is(errc::protocol) || error.is(errc::invalid_key) ||
-         error.is(errc::budget_exceeded) || error.is(errc::not_owned);
+         error.is(errc::budget_exceeded);
 }
 
 /// What a fetch every owner failed ends with: the one error they all gave
@@ -91,6 +94,7 @@ struct ClusterConsumer::State {
       // Not a conditional expression around the co_await: g++ 12 destroys
       // the temporaries of one twice.
       Result<FetchOutcome> fetched = fail(errc::peer_unreachable, "not connected");
+      const bool connecting = !consumer;
       if (consumer) {
         fetched = co_await fetch_from(*consumer.value());
       } else {
@@ -101,7 +105,7 @@ struct ClusterConsumer::State {
         outcome.owner = owner.id;
         co_return outcome;
       }
-      if (!another_owner_may_serve(fetched.error())) co_return std::move(fetched).error();
+      if (!another_owner_may_serve(fetched.error(), connecting)) co_return std::move(fetched).error();
       // Lost, stale in the directory, or not an owner at all: its
       // connection goes (unless it merely lacks the name), the next owner
       // is tried.
@@ -201,6 +205,7 @@ asio::awaitable<Result<ClusterManyFetched>> ClusterConsumer::fetch_many(std::vec
               subset_slots.push_back(slots[i]);
             }
             auto consumer = co_await state->connected(*owner);
+            const bool connecting = !consumer;
             Result<ManyFetched> fetched = fail(errc::peer_unreachable, "not connected");
             if (consumer) {
               fetched = co_await consumer.value()->async_fetch_many(std::move(subset_names), std::move(subset_slots));
@@ -214,7 +219,7 @@ asio::awaitable<Result<ClusterManyFetched>> ClusterConsumer::fetch_many(std::vec
               if (outcome) {
                 result.outcomes[i] = std::move(outcome);
                 result.owners[i] = owner->id;
-              } else if (another_owner_may_serve(outcome.error())) {
+              } else if (another_owner_may_serve(outcome.error(), connecting)) {
                 lost = lost || !outcome.error().is(errc::region_not_found);
                 result.outcomes[i] = std::move(outcome).error();
                 pending.push_back(i);  // to its next owner

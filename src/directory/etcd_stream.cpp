@@ -54,7 +54,8 @@ EtcdAccess access_of(const DirectoryConfig& config) {
   access.members.push_back(EtcdMember{config.host, config.port});
   access.members.insert(access.members.end(), config.other_members.begin(), config.other_members.end());
   access.credentials = EtcdCredentials{config.user, config.password};
-  const bool tls = config.tls || !config.tls_ca_file.empty() || !config.tls_cert_file.empty();
+  const bool tls =
+      config.tls || !config.tls_ca_file.empty() || !config.tls_cert_file.empty() || !config.tls_key_file.empty();
   if (tls) {
     auto context = tls_context_of(config);
     if (context) {

@@ -77,11 +77,13 @@ TEST_F(OwnerProof, AnOwnerWithoutTheKeyWithAnotherKeyOrUnderAnotherIdIsRefusedBe
 
 TEST_F(OwnerProof, AProofMadeForAnotherChallengeIsRefused) {
   // An impostor that recorded a real proof (the right key's MAC, the right
-  // id) answers every challenge with it.
+  // id, its own address) answers every challenge with it.
+  asio::ip::tcp::acceptor impostor(io, asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
   const auto recorded_challenge = rv::fresh_challenge().value();
   const auto key_bytes = std::as_bytes(std::span{cluster_key.data(), cluster_key.size()});
-  const rv::Proof recorded{"owner-a", rv::owner_proof_mac(key_bytes, recorded_challenge, "owner-a")};
-  asio::ip::tcp::acceptor impostor(io, asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+  const rv::Proof recorded{"owner-a", rv::owner_proof_mac(key_bytes, recorded_challenge, "owner-a",
+                                                          rv::proof_endpoint(impostor.local_endpoint()))
+                                          .value()};
   bool answered = false;
   asio::co_spawn(
       io,
@@ -100,6 +102,53 @@ TEST_F(OwnerProof, AProofMadeForAnotherChallengeIsRefused) {
   ASSERT_FALSE(consumer);
   EXPECT_TRUE(consumer.error().is(errc::not_owned)) << consumer.error().message();
   EXPECT_EQ(consumer_backend->open_peers(), 0u) << "an offer went to the impostor";
+}
+
+TEST_F(OwnerProof, AChallengeRelayedToTheRealOwnerYieldsAProofForItsAddressWhichIsRefusedAtTheImpostors) {
+  // Whoever can write to etcd points owner-a's entry at itself and relays
+  // each challenge to the real owner-a, which answers it: the proof is for
+  // the address the real owner was reached at, not the one the consumer
+  // dialled.
+  start_owner(64 << 20, keyed(cluster_key, "owner-a"));
+  asio::ip::tcp::acceptor impostor(io, asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+  bool relayed = false;
+  asio::co_spawn(
+      io,
+      [&]() -> asio::awaitable<void> {
+        auto socket = co_await impostor.async_accept(asio::use_awaitable);
+        rv::FramedConnection consumer_side(std::move(socket), rv::default_max_frame_body);
+        auto prove = co_await consumer_side.read(std::chrono::seconds(5));
+        if (!prove || !std::holds_alternative<rv::Prove>(prove.value().message)) co_return;
+        auto real = co_await RawClient::connect(acceptor.local_endpoint());
+        auto proof = co_await real.ask(message(std::get<rv::Prove>(prove.value().message)));
+        if (!proof || !std::holds_alternative<rv::Proof>(proof.value())) co_return;
+        rv::Frame relay{prove.value().request_id, std::move(proof.value())};
+        relayed = static_cast<bool>(co_await consumer_side.write(relay, std::chrono::seconds(5)));
+        (void)co_await consumer_side.read(std::chrono::seconds(5));
+      },
+      asio::detached);
+  auto consumer = connect_with(cluster_key, "owner-a", impostor.local_endpoint());
+  EXPECT_TRUE(relayed) << "the real owner did not answer the relayed challenge";
+  ASSERT_FALSE(consumer);
+  EXPECT_TRUE(consumer.error().is(errc::not_owned)) << consumer.error().message();
+  EXPECT_EQ(consumer_backend->open_peers(), 0u) << "an offer went to the impostor";
+}
+
+TEST(OwnerProofMac, IsBoundToTheKeyTheChallengeTheIdAndTheEndpoint) {
+  const auto challenge = rv::fresh_challenge().value();
+  EXPECT_NE(challenge, rv::fresh_challenge().value()) << "two challenges alike";
+  const auto key = std::as_bytes(std::span{cluster_key.data(), cluster_key.size()});
+  const auto other = std::as_bytes(std::span{other_key.data(), other_key.size()});
+  const rv::Proof proof{"owner-a", rv::owner_proof_mac(key, challenge, "owner-a", "10.0.0.1:7300").value()};
+  EXPECT_TRUE(rv::proof_holds(key, challenge, proof, "10.0.0.1:7300"));
+  EXPECT_FALSE(rv::proof_holds(other, challenge, proof, "10.0.0.1:7300"));
+  EXPECT_FALSE(rv::proof_holds(key, rv::fresh_challenge().value(), proof, "10.0.0.1:7300"));
+  EXPECT_FALSE(rv::proof_holds(key, challenge, rv::Proof{"owner-b", proof.mac}, "10.0.0.1:7300"));
+  EXPECT_FALSE(rv::proof_holds(key, challenge, proof, "10.0.0.2:7300"));
+  EXPECT_FALSE(rv::proof_holds(key, challenge, rv::Proof{"owner-a", {}}, "10.0.0.1:7300")) << "zeros";
+  // An owner on a dual-stack socket sees an IPv4 consumer at a mapped address.
+  EXPECT_EQ(rv::proof_endpoint({asio::ip::make_address("::ffff:10.0.0.1"), 7300}), "10.0.0.1:7300");
+  EXPECT_EQ(rv::proof_endpoint({asio::ip::make_address("10.0.0.1"), 7300}), "10.0.0.1:7300");
 }
 
 TEST_F(OwnerProof, AKeyedOwnerServesConsumersWithoutAKeyAsBefore) {

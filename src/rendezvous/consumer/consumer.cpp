@@ -34,6 +34,7 @@ asio::awaitable<Result<std::unique_ptr<Consumer>>> Consumer::connect_and_greet(a
   if (auto [ec] = std::get<0>(connected); ec) {
     co_return fail(errc::peer_unreachable, "cannot connect to the owner: " + ec.message());
   }
+  state->dialled = owner;
   state->open(std::move(socket));
   CORMA_CO_TRY(co_await state->hello());
   co_return std::unique_ptr<Consumer>(new Consumer(std::move(state)));

@@ -22,6 +22,16 @@ using namespace asio::experimental::awaitable_operators;
 
 namespace {
 
+/// Text a peer sent, fit for an error message: control and non-ASCII bytes
+/// become '?', so that it cannot forge lines or steer a terminal.
+std::string printable(std::string_view text) {
+  std::string out(text.substr(0, 255));
+  for (auto& c : out) {
+    if (c < 0x20 || c > 0x7e) c = '?';
+  }
+  return out;
+}
+
 constexpr auto as_result = asio::as_tuple(asio::use_awaitable);
 
 }  // namespace
@@ -551,9 +561,13 @@ asio::awaitable<Result<void>> Consumer::State::prove_owner() {
   auto* proof = std::get_if<Proof>(&reply.value());
   if (proof == nullptr) co_return refused("it answered something else");
   const auto key = std::as_bytes(std::span{config.cluster_key.data(), config.cluster_key.size()});
-  if (!proof_holds(key, challenge, *proof)) co_return refused("its proof as '" + proof->owner_id + "' is wrong");
+  // Checked for the address this side dialled: a proof a real owner gave
+  // for its own address, relayed by whoever sits at this one, fails here.
+  if (!proof_holds(key, challenge, *proof, proof_endpoint(dialled))) {
+    co_return refused("its proof as '" + printable(proof->owner_id) + "' is wrong for " + proof_endpoint(dialled));
+  }
   if (!config.expected_owner.empty() && proof->owner_id != config.expected_owner) {
-    co_return refused("it proved to be '" + proof->owner_id + "'");
+    co_return refused("it proved to be '" + printable(proof->owner_id) + "'");
   }
   proven_owner = proof->owner_id;
   co_return success();

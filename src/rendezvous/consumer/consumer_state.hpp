@@ -75,6 +75,7 @@ struct Consumer::State {
   std::uint16_t version = 0;
   std::uint16_t max_batch = 1;
   std::string proven_owner;  ///< the id the owner proved, with a cluster key
+  boost::asio::ip::tcp::endpoint dialled;  ///< the owner's address, as this side connected to it
   /// A remote key imported for `peer`, and what says it is in use: every
   /// read that names it holds a copy of `users` until its transfer ended.
   struct ImportedKey {

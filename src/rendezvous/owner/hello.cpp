@@ -15,12 +15,15 @@ std::optional<std::uint16_t> negotiated_version(std::uint16_t offered) noexcept 
   return std::min(offered, protocol_version);
 }
 
-Message answer_prove(const Prove& prove, std::string_view key, std::string_view owner_id) {
+Message answer_prove(const Prove& prove, std::string_view key, std::string_view owner_id,
+                     std::string_view endpoint) {
   if (key.size() < min_cluster_key_size || owner_id.empty() || owner_id.size() > max_proof_owner_id) {
     return ErrorReply{static_cast<std::uint16_t>(errc::not_owned), "this owner holds no cluster key"};
   }
   const auto key_bytes = std::as_bytes(std::span{key.data(), key.size()});
-  return Proof{std::string(owner_id), owner_proof_mac(key_bytes, prove.challenge, owner_id)};
+  auto mac = owner_proof_mac(key_bytes, prove.challenge, owner_id, endpoint);
+  if (!mac) return ErrorReply{static_cast<std::uint16_t>(errc::not_owned), "this owner cannot compute its proof"};
+  return Proof{std::string(owner_id), mac.value()};
 }
 
 boost::asio::awaitable<HelloAnswer> answer_hello(RdmaBackend* backend, Hello hello, std::uint16_t max_batch) {

@@ -29,11 +29,13 @@ struct HelloAnswer {
 /// backend, or one the backend refuses, is answered as no offer: hello_ok
 /// naming no backend, and the consumer reads in chunks. `max_batch` is the
 /// owner's batch limit, announced to version 2 consumers.
-/// The answer to a consumer's challenge (`prove`, before its hello): a
-/// proof with `owner_id`, when this owner has a cluster `key` of at least
-/// min_cluster_key_size bytes and an id of 1..max_proof_owner_id bytes;
-/// otherwise `error` `not_owned` (and the connection is closed).
-[[nodiscard]] Message answer_prove(const Prove& prove, std::string_view key, std::string_view owner_id);
+/// The answer to a consumer's challenge (`prove`, before its hello) that
+/// reached this owner at `endpoint` (proof_endpoint of the socket's local
+/// end): a proof with `owner_id`, when this owner has a cluster `key` of at
+/// least min_cluster_key_size bytes and an id of 1..max_proof_owner_id
+/// bytes; otherwise `error` `not_owned` (and the connection is closed).
+[[nodiscard]] Message answer_prove(const Prove& prove, std::string_view key, std::string_view owner_id,
+                                   std::string_view endpoint);
 
 [[nodiscard]] boost::asio::awaitable<HelloAnswer> answer_hello(RdmaBackend* backend, Hello hello,
                                                                std::uint16_t max_batch);

@@ -2,8 +2,11 @@
 // (registrations in the background, everything else answered at once).
 #include "rendezvous/owner/owner_state.hpp"
 #include "rendezvous/owner/hello.hpp"
+#include "rendezvous/protocol/owner_proof.hpp"
 
 #include <boost/asio/post.hpp>
+#include <algorithm>
+#include <chrono>
 #include <boost/asio/use_awaitable.hpp>
 
 namespace corma {
@@ -13,16 +16,29 @@ using namespace rendezvous;
 
 asio::awaitable<Owner::State::Greeting> Owner::State::handshake(FramedConnection& connection) {
   Greeting greeting;
-  auto first = co_await connection.read(config.io_timeout, config.io_timeout);
+  // One deadline for the whole handshake, a proof included: a client that
+  // asks for the proof holds its place among max_handshakes no longer
+  // than one that only says hello.
+  const auto deadline = std::chrono::steady_clock::now() + config.io_timeout;
+  const auto left = [deadline] {
+    return std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                      deadline - std::chrono::steady_clock::now()));
+  };
+  auto first = co_await connection.read(left(), left());
   if (first && std::holds_alternative<Prove>(first.value().message)) {
     // A consumer holding the cluster key asks for the proof before its
-    // hello; an owner that cannot give it says so and closes.
-    auto proof = answer_prove(std::get<Prove>(first.value().message), config.cluster_key, config.owner_id);
+    // hello, bound to the address it reached this owner at; an owner that
+    // cannot give it says so and closes.
+    boost::system::error_code ec;
+    const auto reached = connection.socket().local_endpoint(ec);
+    if (ec) co_return greeting;
+    auto proof = answer_prove(std::get<Prove>(first.value().message), config.cluster_key, config.owner_id,
+                              proof_endpoint(reached));
     const bool proved = std::holds_alternative<Proof>(proof);
     Frame answer{first.value().request_id, std::move(proof)};
     if (!proved) ++stats.refused_requests;
-    if (!(co_await connection.write(answer, config.io_timeout)) || !proved) co_return greeting;
-    first = co_await connection.read(config.io_timeout, config.io_timeout);
+    if (!(co_await connection.write(answer, left())) || !proved) co_return greeting;
+    first = co_await connection.read(left(), left());
   }
   if (!first || !std::holds_alternative<Hello>(first.value().message)) {
     ++stats.refused_requests;
@@ -36,7 +52,7 @@ asio::awaitable<Owner::State::Greeting> Owner::State::handshake(FramedConnection
   greeting.version = ok != nullptr ? ok->version : 0;
   greeting.peer = answered.peer;
   Frame reply{first.value().request_id, std::move(answered.reply)};
-  const bool written = static_cast<bool>(co_await connection.write(reply, config.io_timeout));
+  const bool written = static_cast<bool>(co_await connection.write(reply, left()));
   greeting.ok = written && ok != nullptr;
   co_return greeting;
 }
