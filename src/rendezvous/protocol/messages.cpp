@@ -479,8 +479,15 @@ Result<Granted> get_granted(Reader& in) {
     CORMA_TRY(auto grant, get_grant(in));
     m.grants.push_back(std::move(grant));
   }
-  // Version 5: one generation per answer after them all.
+  // Version 5: one generation per answer after them all, sent only when an
+  // answer lends an object (the encoder's rule: otherwise the same frame
+  // would have two encodings).
   if (in.remaining() != count * 8) return m;
+  const bool any_lends = std::any_of(m.grants.begin(), m.grants.end(), [](const Grant& grant) {
+    return std::holds_alternative<RdmaGrant>(grant) || std::holds_alternative<Chunked>(grant) ||
+           std::holds_alternative<RdmaWindow>(grant);
+  });
+  if (!any_lends) return fail(errc::protocol, "granted carries generations but lends no object");
   for (auto& grant : m.grants) {
     CORMA_TRY(auto generation, in.u64("granted generation"));
     const bool lends = std::holds_alternative<RdmaGrant>(grant) || std::holds_alternative<Chunked>(grant) ||
