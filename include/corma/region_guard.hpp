@@ -3,11 +3,10 @@
 
 #include <corma/backend.hpp>
 #include <corma/error.hpp>
+#include <corma/detail/answer_without_object.hpp>
 
 #include <boost/asio/any_completion_handler.hpp>
-#include <boost/asio/append.hpp>
 #include <boost/asio/async_result.hpp>
-#include <boost/asio/post.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -160,9 +159,10 @@ class RegionGuard {
         [](auto handler, PeerId p, std::vector<BatchedGet> g) {
           // An empty batch names no backend to answer through: answered
           // here, posted to the handler's own executor (never inside this
-          // call, wherever it runs, the backend's progress thread included).
+          // call, wherever it runs, the backend's progress thread included)
+          // while its full type is known.
           if (g.empty()) {
-            return asio::post(asio::append(std::move(handler), Result<BatchOutcome>(BatchOutcome{0, {}})));
+            return detail::answer_without_object(std::move(handler), Result<BatchOutcome>(BatchOutcome{0, {}}));
           }
           do_get_batch(p, std::move(g), std::move(handler));
         },

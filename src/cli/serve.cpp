@@ -186,9 +186,9 @@ int run_serve(const ServeOptions& options) {
   });
   asio::co_spawn(io, owner.serve(acceptor), asio::detached);
   io.run();
-  // Answers given at once to calls refused during the shutdown travel
-  // through Asio's system executor and may still be on their way: each
-  // holds work on `io`, so running it until it is out of work (bounded)
+  // Answers given at once to calls refused during the shutdown are posted
+  // to `io` (some through the backend's progress thread) and may still be
+  // on their way: each holds work on `io`, so running it until it is out of work (bounded)
   // delivers them here, before `io` is destroyed.
   io.restart();
   io.run_for(std::chrono::seconds(2));

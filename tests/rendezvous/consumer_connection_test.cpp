@@ -406,6 +406,9 @@ TEST_F(Rendezvous, AFetchCancelledDuringItsRdmaGetKeepsItsLeaseUntilTheGetEndsTh
     co_await poll_until([&] { return owner->stats().live_leases == 0; });
     next = co_await consumer->async_fetch("small");
     EXPECT_EQ(consumer->stats().fallbacks, 0u) << "a cancelled get fell back to the chunked path";
+    // The cancelled fetch's destination is unmapped by the provider after
+    // its answer: the region count falls once that unmap is confirmed.
+    co_await poll_until([&] { return consumer_registry->stats().regions == 0; });
   }());
   EXPECT_FALSE(answered_while_held) << "the fetch was answered while its get still read under the lease";
   EXPECT_EQ(leases_while_held, 1u) << "the lease went back while the get still read under it";

@@ -355,6 +355,23 @@ TEST_F(RegistryTest, AnswersGivenAtOnceStartNoThread) {
   EXPECT_TRUE(refused.error().is(errc::shutting_down));
   auto late = backend->async_unmap(corma::RegionId{1}, asio::use_future).get();
   EXPECT_TRUE(late.error().is(errc::shutting_down));
+  // ... and plain callbacks (no executor at all) asking empty objects, with
+  // no backend to answer through: answered on this thread, at once.
+  const auto this_thread = std::this_thread::get_id();
+  std::vector<std::pair<std::thread::id, bool>> callbacks;
+  const auto record = [&](bool as_expected) { callbacks.emplace_back(std::this_thread::get_id(), as_expected); };
+  RegionGuard{}.deregistered().async_wait([&](Result<void> r) { record(r.error().is(errc::region_not_found)); });
+  const corma::RemoteRegion remote{corma::testing::test_backend_id, 1, 0x1000, 64, corma::PackedKey(40)};
+  RegionGuard{}.async_get(corma::PeerId{1}, remote, {0, 0, 8},
+                          [&](Result<void> r) { record(r.error().is(errc::region_not_found)); });
+  corma::Arena{}.async_allocate(64, [&](Result<RegionGuard> r) { record(r.error().is(errc::region_not_found)); });
+  RegionGuard::async_get_batch(corma::PeerId{1}, {},
+                               [&](Result<corma::BatchOutcome> r) { record(r && r.value().size == 0); });
+  ASSERT_EQ(callbacks.size(), 4u);
+  for (const auto& [thread, as_expected] : callbacks) {
+    EXPECT_EQ(thread, this_thread);
+    EXPECT_TRUE(as_expected);
+  }
   EXPECT_EQ(thread_count(), before) << "an early answer started a thread";
 }
 

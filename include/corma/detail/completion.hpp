@@ -15,7 +15,6 @@
 #include <boost/asio/prefer.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/strand.hpp>
-#include <boost/asio/system_executor.hpp>
 
 #include <corma/detail/unique_function.hpp>
 
@@ -189,9 +188,10 @@ class Completion<void(Args...)> {
   /// what coroutines and bound handlers carry); otherwise (a handler with
   /// no executor of its own, or one type-erased beyond reach) through `via`,
   /// a thread-free executor the operation knows (its backend's progress
-  /// executor), from which it is dispatched. With neither, a handler with
-  /// no executor of its own goes to Asio's system executor (as Asio's own
-  /// initiating functions without an I/O object send it).
+  /// executor), from which it is dispatched. With neither (an operation on
+  /// an empty object), a handler with no executor of its own runs here,
+  /// before the initiating function returns: there is nothing to post it
+  /// to, and corma starts no thread (Asio's system executor would) for it.
   void post(const asio::any_io_executor& via, Args... args) {
     hand_off<true>(RollbackUnlessDelivered{}, via, std::move(args)...);
   }
@@ -232,9 +232,6 @@ class Completion<void(Args...)> {
         asio::post(via, [work = std::move(work), deliver = std::move(deliver)]() mutable {
           asio::dispatch(work, std::move(deliver));
         });
-      } else if (work.template target<asio::system_executor>() != nullptr) {
-        // No executor of its own: run on any thread, but not on this stack.
-        asio::post(asio::system_executor(), std::move(deliver));
       } else {
         asio::dispatch(work, std::move(deliver));
       }
