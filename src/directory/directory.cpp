@@ -499,13 +499,21 @@ asio::awaitable<Result<std::vector<DirectoryListing>>> Directory::list(std::stri
   auto state = state_;
   const auto& config = state->config;
   std::vector<DirectoryListing> listing;
-  CORMA_CO_TRY(auto named, co_await state->client.range_prefix(directory::names_prefix(config) + prefix));
+  // Names, prefixes and owners in one transaction: one revision of etcd, so
+  // an owner withdrawing meanwhile is listed whole or not at all, never as
+  // names without their owner entry.
+  const std::vector<std::string> families = {directory::names_prefix(config) + prefix,
+                                             directory::prefixes_prefix(config), directory::owners_prefix(config)};
+  CORMA_CO_TRY(auto read, co_await state->client.range_prefixes(families));
+  if (read.size() != families.size()) co_return fail(errc::protocol, "etcd answered a listing with missing ranges");
+  const auto& named = read[0];
+  const auto& prefixed = read[1];
+  const auto& owners = read[2];
   for (const auto& kv : named.kvs) {
     if (auto split = directory::split_name_key(kv.key, directory::names_prefix(config))) {
       listing.push_back({std::move(split->name), std::move(split->owner)});
     }
   }
-  CORMA_CO_TRY(auto prefixed, co_await state->client.range_prefix(directory::prefixes_prefix(config)));
   for (const auto& kv : prefixed.kvs) {
     auto split = directory::split_name_key(kv.key, directory::prefixes_prefix(config));
     if (split && (split->name.starts_with(prefix) || prefix.starts_with(split->name))) {
@@ -513,7 +521,6 @@ asio::awaitable<Result<std::vector<DirectoryListing>>> Directory::list(std::stri
     }
   }
   // Each owner's entry, checked as a consumer checks it before ranking.
-  CORMA_CO_TRY(auto owners, co_await state->client.range_prefix(directory::owners_prefix(config)));
   std::map<std::string, std::string, std::less<>> why_unusable;  // owner id: "" when its entry is good
   for (const auto& kv : owners.kvs) {
     const auto id = std::string_view(kv.key).substr(directory::owners_prefix(config).size());

@@ -3,6 +3,7 @@
 #include "etcd_client.hpp"
 
 #include <boost/asio/as_tuple.hpp>
+#include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -55,13 +56,15 @@ KeyWatch::KeyWatch(asio::any_io_executor executor, EtcdAccess access, std::strin
 }
 
 void KeyWatch::start() {
-  asio::co_spawn(executor_, [self = shared_from_this()]() { return self->run(); }, asio::detached);
+  asio::co_spawn(executor_, [self = shared_from_this()]() { return self->run(); },
+                 asio::bind_cancellation_slot(cancel_.slot(), asio::detached));
 }
 
 void KeyWatch::stop() {
   stopped_ = true;
   callbacks_ = {};
   pause_.cancel();
+  cancel_.emit(asio::cancellation_type::terminal);
   if (stream_) {
     boost::system::error_code ignored;
     stream_->stream.tcp().socket().close(ignored);

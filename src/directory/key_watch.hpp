@@ -17,6 +17,7 @@
 
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
+#include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/steady_timer.hpp>
 
 #include <chrono>
@@ -73,6 +74,9 @@ class KeyWatch : public std::enable_shared_from_this<KeyWatch> {
   std::chrono::milliseconds retry_;
   Callbacks callbacks_;
   boost::asio::steady_timer pause_;
+  /// Stops what run() awaits, the connect and TLS handshake included (they
+  /// have no stream to close yet).
+  boost::asio::cancellation_signal cancel_;
   std::shared_ptr<Stream> stream_;
   bool stopped_ = false;
   bool live_ = false;
