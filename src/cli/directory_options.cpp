@@ -1,5 +1,7 @@
 #include "directory_options.hpp"
 
+#include "listing_text.hpp"
+
 #include <corma/rendezvous.hpp>
 
 #include <boost/asio/co_spawn.hpp>
@@ -82,12 +84,15 @@ int run_list(const ListOptions& options) {
   }
   // An owner consumers skip is listed with the reason, so that a cluster's
   // operator sees what its consumers do not.
+  // Every field is escaped: etcd's writers choose these bytes.
   for (const auto& entry : listing.value()) {
+    const auto name = escaped_for_listing(entry.name);
+    const auto owner = escaped_for_listing(entry.owner);
     if (entry.unusable.empty()) {
-      std::printf("%s\t%s\n", entry.name.c_str(), entry.owner.c_str());
+      std::printf("%s\t%s\n", name.c_str(), owner.c_str());
     } else {
-      std::printf("%s\t%s\tskipped by consumers: %s\n", entry.name.c_str(), entry.owner.c_str(),
-                  entry.unusable.c_str());
+      std::printf("%s\t%s\tskipped by consumers: %s\n", name.c_str(), owner.c_str(),
+                  escaped_for_listing(entry.unusable).c_str());
     }
   }
   return 0;

@@ -5,11 +5,17 @@
 // killed ends the get with a clear error within the lease's time to live,
 // and its entries leave the directory with the lease.
 #include "cli/processes.hpp"
+#include "directory/etcd_client.hpp"
 #include "directory/etcd_server.hpp"
+#include "directory/records.hpp"
+#include "support/run.hpp"
 #include "support/test_certificates.hpp"
 
 #include <signal.h>
 
+#include <boost/asio/io_context.hpp>
+
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -17,6 +23,8 @@
 
 namespace corma::cli::testing {
 namespace {
+
+namespace asio = boost::asio;
 
 class DirectoryCli : public TwoProcesses {
  protected:
@@ -52,6 +60,32 @@ TEST_F(DirectoryCli, AGetNeedsNoOwnerAddressAndLsListsWhatIsAnnounced) {
   auto [missing_status, missing] =
       run_corma({"get", "--directory", directory, "sub/none", "-o", (base / "none.out").string()});
   EXPECT_EQ(missing_status, 1) << missing;
+}
+
+TEST_F(DirectoryCli, LsEscapesWhatAnEtcdWriterChoseSoNoEntryForgesALineAColumnOrATerminalSequence) {
+  // Written straight to etcd, as anyone with write access could: a name
+  // with a terminal sequence, a newline and a tab, and an owner entry whose
+  // host (quoted in the reason it is skipped) sets the terminal's title.
+  asio::io_context io;
+  const auto c = etcd.config("/corma");
+  directory::EtcdClient writer(io.get_executor(), "127.0.0.1", c.port, std::chrono::seconds(2));
+  const std::string forged_name = "evil\x1b[2Jname\nforged\towner";
+  const std::string evil_entry =
+      "{\"host\": \"\\u001b]0;owned\\u0007\", \"port\": 7000, \"machine\": \"m\", \"transport\": \"tcp\", "
+      "\"protocol\": 6, \"load\": 0}";
+  corma::testing::run(io, [&]() -> asio::awaitable<void> {
+    EXPECT_TRUE(co_await writer.put(directory::name_key(c, forged_name, "owner-gone"), "", 0));
+    EXPECT_TRUE(co_await writer.put(directory::owner_key(c, "evil-host"), evil_entry, 0));
+    EXPECT_TRUE(co_await writer.put(directory::name_key(c, "plain-\xc3\xa9", "evil-host"), "", 0));
+  }());
+  auto [status, listing] = run_corma({"ls", "--directory", directory});
+  ASSERT_EQ(status, 0) << listing;
+  EXPECT_EQ(listing.find('\x1b'), std::string::npos) << "a raw escape reached the terminal";
+  EXPECT_EQ(listing.find('\x07'), std::string::npos);
+  EXPECT_EQ(std::count(listing.begin(), listing.end(), '\n'), 2) << "a name forged a line:\n" << listing;
+  EXPECT_NE(listing.find("evil\\x1b[2Jname\\x0aforged\\x09owner\towner-gone\t"), std::string::npos) << listing;
+  EXPECT_NE(listing.find("\\x1b]0;owned\\x07"), std::string::npos) << listing;
+  EXPECT_NE(listing.find("plain-\xc3\xa9\tevil-host"), std::string::npos) << "UTF-8 text is left as it is:\n" << listing;
 }
 
 TEST_F(DirectoryCli, AnOwnerKilledMidFetchIsReplacedByAReplicaAndTheFileArrivesWhole) {
