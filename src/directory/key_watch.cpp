@@ -3,9 +3,9 @@
 #include "etcd_client.hpp"
 
 #include <boost/asio/as_tuple.hpp>
-#include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
@@ -51,20 +51,20 @@ KeyWatch::KeyWatch(asio::any_io_executor executor, EtcdAccess access, std::strin
       prefix_(std::move(prefix)),
       retry_(retry),
       callbacks_(std::move(callbacks)),
-      pause_(executor) {
+      pause_(executor),
+      stopping_(executor, asio::steady_timer::time_point::max()) {
   if (access_.members.empty()) access_.members.push_back(EtcdMember{"127.0.0.1", 2379});
 }
 
 void KeyWatch::start() {
-  asio::co_spawn(executor_, [self = shared_from_this()]() { return self->run(); },
-                 asio::bind_cancellation_slot(cancel_.slot(), asio::detached));
+  asio::co_spawn(executor_, [self = shared_from_this()]() { return self->run(); }, asio::detached);
 }
 
 void KeyWatch::stop() {
   stopped_ = true;
   callbacks_ = {};
   pause_.cancel();
-  cancel_.emit(asio::cancellation_type::terminal);
+  stopping_.cancel();
   if (stream_) {
     boost::system::error_code ignored;
     stream_->stream.tcp().socket().close(ignored);
@@ -85,10 +85,16 @@ asio::awaitable<void> KeyWatch::run() {
 }
 
 asio::awaitable<bool> KeyWatch::watch_once() {
+  using namespace asio::experimental::awaitable_operators;
+  if (stopped_) co_return false;  // else stopping_ was cancelled before this wait and never ends it
   const auto member = access_.members[current_];
-  auto connected = co_await EtcdStream::connect(executor_, access_, member, std::chrono::seconds(5));
-  if (!connected || stopped_) co_return false;
-  stream_ = std::make_shared<Stream>(std::move(connected).value());
+  // Raced against stop(): the loser is cancelled (an Asio cancellation
+  // slot of the spawned coroutine's own could be emitted after it ended).
+  auto raced = co_await (EtcdStream::connect(executor_, access_, member, std::chrono::seconds(5)) ||
+                         stopping_.async_wait(as_result));
+  auto* connected = std::get_if<0>(&raced);
+  if (!connected || !*connected || stopped_) co_return false;
+  stream_ = std::make_shared<Stream>(std::move(*connected).value());
   auto stream = stream_;
   auto& etcd = stream->stream;
   etcd.tcp().expires_after(std::chrono::seconds(5));

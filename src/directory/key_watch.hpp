@@ -17,7 +17,6 @@
 
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
-#include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/steady_timer.hpp>
 
 #include <chrono>
@@ -74,9 +73,9 @@ class KeyWatch : public std::enable_shared_from_this<KeyWatch> {
   std::chrono::milliseconds retry_;
   Callbacks callbacks_;
   boost::asio::steady_timer pause_;
-  /// Stops what run() awaits, the connect and TLS handshake included (they
-  /// have no stream to close yet).
-  boost::asio::cancellation_signal cancel_;
+  /// Never expires; stop() cancels it, ending the connect and TLS handshake
+  /// it races (they have no stream to close yet).
+  boost::asio::steady_timer stopping_;
   std::shared_ptr<Stream> stream_;
   bool stopped_ = false;
   bool live_ = false;
