@@ -212,6 +212,15 @@ asio::awaitable<int> consume(const Options& options, asio::io_context& io) {
     std::printf("seconds %.9f\n", seconds);
     std::fflush(stdout);
   }
+  // Torn down in order before the io_context goes: the landing unmapped,
+  // the connection closed, the registry (and its backend) shut down, so
+  // that nothing of them is left to the io_context's destructor.
+  (void)co_await region.value().async_deregister(asio::use_awaitable);
+  connected.value().reset();
+  if (auto down = co_await registry->async_shutdown(std::chrono::seconds(5), asio::use_awaitable); !down) {
+    std::printf("shutdown: %s\n", down.error().message().c_str());
+    co_return 1;
+  }
   co_return 0;
 }
 
