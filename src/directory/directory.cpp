@@ -184,8 +184,10 @@ struct Directory::State : std::enable_shared_from_this<State> {
     for (;;) {
       auto self = weak.lock();
       if (!self || !self->announcement) co_return;
-      self->renewal.expires_after(std::max<std::chrono::milliseconds>(self->announcement->ttl / 3,
-                                                                      std::chrono::milliseconds(100)));
+      // A third of the ttl in milliseconds: in whole seconds, a ttl of 1 or
+      // 2 s would round it to nothing.
+      self->renewal.expires_after(std::max<std::chrono::milliseconds>(
+          std::chrono::milliseconds(self->announcement->ttl) / 3, std::chrono::milliseconds(100)));
       auto& timer = self->renewal;
       self.reset();  // the wait must not keep the state alive
       auto [ec] = co_await timer.async_wait(asio::as_tuple(asio::use_awaitable));
