@@ -55,7 +55,7 @@ TEST(BulkHandoff, ACompletionDispatchedWhileFlushingIsHandedOverToo) {
   std::vector<int> seen;
   {
     BulkHandoff bulk;
-    // Runs inline at the flush (no executor bound: the system executor) and
+    // Runs inline at the flush (no executor bound: Asio's default) and
     // completes another operation from there.
     Completion<void(Result<int>)>([&](Result<int>) { completion_on(io, seen).dispatch(7); }).dispatch(1);
   }

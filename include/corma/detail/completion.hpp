@@ -191,7 +191,8 @@ class Completion<void(Args...)> {
   /// executor), from which it is dispatched. With neither (an operation on
   /// an empty object), a handler with no executor of its own runs here,
   /// before the initiating function returns: there is nothing to post it
-  /// to, and corma starts no thread (Asio's system executor would) for it.
+  /// to, and corma starts no thread for it (Asio's default for such a
+  /// handler is a hidden pool of its own).
   void post(const asio::any_io_executor& via, Args... args) {
     hand_off<true>(RollbackUnlessDelivered{}, via, std::move(args)...);
   }
