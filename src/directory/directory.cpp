@@ -506,8 +506,7 @@ asio::awaitable<Result<std::vector<DirectoryListing>>> Directory::list(std::stri
   // names without their owner entry.
   const std::vector<std::string> families = {directory::names_prefix(config) + prefix,
                                              directory::prefixes_prefix(config), directory::owners_prefix(config)};
-  CORMA_CO_TRY(auto read, co_await state->client.range_prefixes(families));
-  if (read.size() != families.size()) co_return fail(errc::protocol, "etcd answered a listing with missing ranges");
+  CORMA_CO_TRY(auto read, co_await state->client.range_prefixes(families));  // one range per family, or an error
   const auto& named = read[0];
   const auto& prefixed = read[1];
   const auto& owners = read[2];
