@@ -6,6 +6,7 @@
 #include <corma/consumer.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,7 @@ struct GetOptions {
   TransportOptions transport;
   DirectoryOptions directory;  ///< set: `owner` is not given, the directory finds one
   std::string cluster_key_file;  ///< owners must prove they hold this key; empty: none
+  std::optional<std::uint64_t> version;  ///< with `directory`: only owners announcing this version
 };
 
 struct ListOptions {

@@ -85,9 +85,11 @@ int run_list(const ListOptions& options) {
   // An owner consumers skip is listed with the reason, so that a cluster's
   // operator sees what its consumers do not.
   // Every field is escaped: etcd's writers choose these bytes.
+  // The version an owner announced for a name follows the owner's id.
   for (const auto& entry : listing.value()) {
     const auto name = escaped_for_listing(entry.name);
-    const auto owner = escaped_for_listing(entry.owner);
+    auto owner = escaped_for_listing(entry.owner);
+    if (entry.version) owner += "\tversion " + std::to_string(*entry.version);
     if (entry.unusable.empty()) {
       std::printf("%s\t%s\n", name.c_str(), owner.c_str());
     } else {

@@ -168,8 +168,11 @@ int run_get(const GetOptions& options) {
     auto destination = output.value().destination();
     if (target.value().directory) {
       ClusterConsumer cluster(io.get_executor(), target.value().directory, registry, config);
-      CORMA_CO_TRY(auto outcome, co_await cluster.async_fetch_to(path, std::move(destination)));
-      served_by = " from " + outcome.owner;
+      ClusterFetchOptions which;
+      which.version = options.version;
+      CORMA_CO_TRY(auto outcome, co_await cluster.async_fetch_to(path, std::move(destination), which));
+      served_by = (outcome.version ? ", version " + std::to_string(*outcome.version) : std::string()) + " from " +
+                  outcome.owner;
       for (const auto& failed : outcome.failed) served_by += " (" + failed.owner + " failed: " + failed.error.message() + ")";
       co_return std::move(outcome.fetch);
     }
@@ -212,10 +215,10 @@ int run_get(const GetOptions& options) {
   } else if (options.push) {
     push = ", read: the push was refused (" + f.push_refusal + ")";
   }
-  const std::string version = f.generation ? ", version " + std::to_string(*f.generation) : "";
+  const std::string generation = f.generation ? ", generation " + std::to_string(*f.generation) : "";
   std::printf("corma get: %s -> %s: %s via %s%s%s%s%s%s, %.1f MB/s\n", path.c_str(), options.output.c_str(),
               format_size(f.size).c_str(), to_string(f.path), windows.c_str(), reason.c_str(), push.c_str(),
-              version.c_str(), served_by.c_str(), static_cast<double>(f.size) / seconds / 1e6);
+              generation.c_str(), served_by.c_str(), static_cast<double>(f.size) / seconds / 1e6);
   return 0;
 }
 

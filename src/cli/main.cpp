@@ -113,6 +113,11 @@ int main(int argc, char** argv) {
                       "asks anything; one that cannot is left for the next")
       ->check(CLI::ExistingFile);
 
+  get_cmd->add_option("--version", get.version,
+                      "with --directory: fetch this version of the file (a number its owners announce; corma ls "
+                      "shows them), from an owner announcing it; none does: exit 1, object changed")
+      ->needs("--directory");
+
   ListOptions list;
   auto* ls_cmd = app.add_subcommand("ls", "list the names (and prefixes) the directory's owners announce");
   add_directory(ls_cmd, list.directory);

@@ -43,17 +43,33 @@ bool another_owner_may_serve(const Error& error, bool connecting) {
 }
 
 /// What a fetch every owner failed ends with: the one error they all gave
-/// (all not holding the name: region_not_found), or peer_unreachable,
-/// saying each owner and why it was left.
+/// (all not holding the name: region_not_found), else object_changed when
+/// owners were passed over for holding another version, else
+/// peer_unreachable; saying each owner and why it was left.
 Error every_owner_failed(const std::string& name, const std::vector<ClusterOutcome::Failed>& failed) {
   std::string tried;
   bool same = !failed.empty();
+  bool other_versions = false;
   for (const auto& f : failed) {
     tried += (tried.empty() ? "" : "; ") + f.owner + ": " + f.error.message();
     same = same && f.error.code == failed.front().error.code;
+    other_versions = other_versions || f.error.is(errc::object_changed);
   }
-  return Error{same ? failed.front().error.code : make_error_code(errc::peer_unreachable),
-               "every owner of '" + name + "' failed (" + tried + ")"};
+  const auto code = same             ? failed.front().error.code
+                    : other_versions ? make_error_code(errc::object_changed)
+                                     : make_error_code(errc::peer_unreachable);
+  return Error{code, "every owner of '" + name + "' failed (" + tried + ")"};
+}
+
+/// Whether a fetch that failed this way may have written part of the
+/// object into its destination: anything after the owner answered the
+/// acquire may have.
+bool may_have_written(const Error& error, bool connecting) {
+  return !connecting && !error.is(errc::region_not_found) && !error.is(errc::budget_exceeded);
+}
+
+std::string version_text(std::optional<std::uint64_t> version) {
+  return version ? "version " + std::to_string(*version) : "no version";
 }
 
 }  // namespace
@@ -86,10 +102,26 @@ struct ClusterConsumer::State {
 
   using FetchFrom = std::function<asio::awaitable<Result<FetchOutcome>>(Consumer&)>;
 
-  asio::awaitable<Result<ClusterOutcome>> fetch(const std::string& name, const FetchFrom& fetch_from) {
+  asio::awaitable<Result<ClusterOutcome>> fetch(const std::string& name, std::optional<std::uint64_t> wanted,
+                                                 const FetchFrom& fetch_from) {
     CORMA_CO_TRY(auto owners, co_await directory->async_resolve(name));
+    if (wanted) {
+      std::erase_if(owners, [&](const OwnerEntry& owner) { return owner.version != wanted; });
+      if (owners.empty()) {
+        co_return fail(errc::object_changed, "no owner announces " + version_text(wanted) + " of '" + name + "'");
+      }
+    }
     ClusterOutcome outcome;
+    // Set once an owner may have written part of the version it announced:
+    // only owners announcing the same one may go on from there.
+    std::optional<std::optional<std::uint64_t>> written;
     for (const auto& owner : owners) {
+      if (written && owner.version != *written) {
+        outcome.failed.push_back({owner.id, Error{make_error_code(errc::object_changed),
+                                                  "holds " + version_text(owner.version) + ", and part of " +
+                                                      version_text(*written) + " was written"}});
+        continue;
+      }
       auto consumer = co_await connected(owner);
       // Not a conditional expression around the co_await: g++ 12 destroys
       // the temporaries of one twice.
@@ -103,9 +135,11 @@ struct ClusterConsumer::State {
       if (fetched) {
         outcome.fetch = std::move(fetched).value();
         outcome.owner = owner.id;
+        outcome.version = owner.version;
         co_return outcome;
       }
       if (!another_owner_may_serve(fetched.error(), connecting)) co_return std::move(fetched).error();
+      if (!written && may_have_written(fetched.error(), connecting)) written = owner.version;
       // Lost, stale in the directory, or not an owner at all: its
       // connection goes (unless it merely lacks the name), the next owner
       // is tried.
@@ -129,23 +163,23 @@ asio::any_io_executor ClusterConsumer::executor() const { return state_->executo
 std::size_t ClusterConsumer::pooled() const { return state_->pool.size(); }
 
 asio::awaitable<Result<ClusterOutcome>> ClusterConsumer::fetch_to(std::string name, StreamDestination destination,
-                                                                  ByteRange range) {
+                                                                  ClusterFetchOptions options) {
   auto state = state_;
   // Named, not a temporary in the co_await: g++ 12 destroys those twice.
   const State::FetchFrom from_owner = [&](Consumer& consumer) -> asio::awaitable<Result<FetchOutcome>> {
     auto attempt = destination;  // each owner starts from a copy of it
-    co_return co_await consumer.async_fetch_to(name, std::move(attempt), range);
+    co_return co_await consumer.async_fetch_to(name, std::move(attempt), options.range);
   };
-  co_return co_await state->fetch(name, from_owner);
+  co_return co_await state->fetch(name, options.version, from_owner);
 }
 
 asio::awaitable<Result<ClusterOutcome>> ClusterConsumer::fetch_into(std::string name, RegionGuard& destination,
-                                                                    ByteRange range) {
+                                                                    ClusterFetchOptions options) {
   auto state = state_;
   const State::FetchFrom from_owner = [&](Consumer& consumer) -> asio::awaitable<Result<FetchOutcome>> {
-    co_return co_await consumer.async_fetch_into(name, destination, range);
+    co_return co_await consumer.async_fetch_into(name, destination, options.range);
   };
-  co_return co_await state->fetch(name, from_owner);
+  co_return co_await state->fetch(name, options.version, from_owner);
 }
 
 asio::awaitable<Result<ClusterManyFetched>> ClusterConsumer::fetch_many(std::vector<std::string> names,

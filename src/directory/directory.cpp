@@ -18,9 +18,9 @@
 
 #include <algorithm>
 #include <functional>
+#include <limits>
 #include <map>
 #include <optional>
-#include <set>
 
 namespace corma {
 
@@ -36,11 +36,15 @@ std::string host_name() {
   return name;
 }
 
-/// The rule: same machine first (shared memory), then least loaded, then a
-/// hash of the name and owner id (stable, and spreading equal owners' names).
+/// The rule: the newest version first (an owner that announced none after
+/// every one that did: what it holds cannot be compared), then same
+/// machine (shared memory), then least loaded, then a hash of the name and
+/// owner id (stable, and spreading equal owners' names).
 void order_owners(std::vector<OwnerEntry>& owners, const std::string& name, const std::string& machine) {
   const auto rank = [&](const OwnerEntry& owner) {
-    return std::make_tuple(owner.machine == machine ? 0 : 1, owner.load, std::hash<std::string>{}(name + '\0' + owner.id));
+    const auto older = owner.version ? std::numeric_limits<std::uint64_t>::max() - *owner.version : 0;
+    return std::make_tuple(owner.version ? 0 : 1, older, owner.machine == machine ? 0 : 1, owner.load,
+                           std::hash<std::string>{}(name + '\0' + owner.id));
   };
   std::sort(owners.begin(), owners.end(), [&](const auto& a, const auto& b) { return rank(a) < rank(b); });
 }
@@ -150,7 +154,14 @@ struct Directory::State : std::enable_shared_from_this<State> {
     ++stats.leases_granted;
     std::vector<directory::KeyValue> kvs;
     kvs.push_back({directory::owner_key(config, a.owner.id), directory::encode_owner(a.owner), 0});
-    for (const auto& name : a.names) kvs.push_back({directory::name_key(config, name, a.owner.id), {}, 0});
+    for (const auto& name : a.names) {
+      const auto version = a.versions.find(name);
+      kvs.push_back({directory::name_key(config, name, a.owner.id),
+                     directory::encode_name_value(version == a.versions.end()
+                                                      ? std::nullopt
+                                                      : std::optional<std::uint64_t>(version->second)),
+                     0});
+    }
     for (const auto& prefix : a.prefixes) kvs.push_back({directory::prefix_key(config, prefix, a.owner.id), {}, 0});
     if (auto written = co_await client.put_all(kvs, granted); !written) {
       if (lease == granted) {
@@ -407,6 +418,11 @@ asio::awaitable<Result<void>> Directory::announce(Announcement announcement) {
   for (const auto& name : announcement.names) {
     CORMA_CO_TRY(check_object_name(name));
   }
+  for (const auto& versioned : announcement.versions) {
+    if (std::find(announcement.names.begin(), announcement.names.end(), versioned.first) == announcement.names.end()) {
+      co_return fail(errc::out_of_range, "a version for '" + versioned.first + "', a name not announced");
+    }
+  }
   for (const auto& prefix : announcement.prefixes) {
     if (prefix.empty()) continue;  // every name
     CORMA_CO_TRY(check_object_name(prefix));
@@ -471,18 +487,29 @@ asio::awaitable<Result<std::vector<Resolution>>> Directory::resolve_many(std::ve
       resolved.emplace_back(std::move(read[i]).error());
       continue;
     }
-    std::set<std::string> ids;
+    // Each owner serving the name, with the version it announced for it
+    // (by a prefix: none).
+    std::map<std::string, std::optional<std::uint64_t>> ids;
     for (const auto& kv : read[i].value()->kvs) {
       auto split = directory::split_name_key(kv.key, directory::names_prefix(config));
-      if (split && split->name == name) ids.insert(split->owner);
+      if (!split || split->name != name) continue;
+      auto version = directory::decode_name_value(kv.value);
+      if (!version) {
+        state->reject(split->owner, kv.value, version.error());  // skipped for this name
+        continue;
+      }
+      ids[split->owner] = version.value();
     }
     for (const auto& kv : prefixed->kvs) {
       auto split = directory::split_name_key(kv.key, directory::prefixes_prefix(config));
-      if (split && name.starts_with(split->name)) ids.insert(split->owner);
+      if (split && name.starts_with(split->name)) ids.try_emplace(split->owner);
     }
     std::vector<OwnerEntry> owners;
-    for (const auto& id : ids) {
-      if (auto it = known->owners.find(id); it != known->owners.end()) owners.push_back(it->second);
+    for (const auto& [id, version] : ids) {
+      if (auto it = known->owners.find(id); it != known->owners.end()) {
+        owners.push_back(it->second);
+        owners.back().version = version;
+      }
     }
     if (ids.empty()) {
       resolved.emplace_back(fail(errc::region_not_found, "no owner announces '" + name + "'"));
@@ -510,9 +537,12 @@ asio::awaitable<Result<std::vector<DirectoryListing>>> Directory::list(std::stri
   const auto& named = read[0];
   const auto& prefixed = read[1];
   const auto& owners = read[2];
+  std::map<std::size_t, std::string> bad_values;  // listing index: why its name's entry is unusable
   for (const auto& kv : named.kvs) {
     if (auto split = directory::split_name_key(kv.key, directory::names_prefix(config))) {
-      listing.push_back({std::move(split->name), std::move(split->owner)});
+      auto version = directory::decode_name_value(kv.value);
+      if (!version) bad_values.emplace(listing.size(), version.error().message());
+      listing.push_back({std::move(split->name), std::move(split->owner), version ? version.value() : std::nullopt});
     }
   }
   for (const auto& kv : prefixed.kvs) {
@@ -528,9 +558,11 @@ asio::awaitable<Result<std::vector<DirectoryListing>>> Directory::list(std::stri
     auto entry = directory::decode_owner(id, kv.value);
     why_unusable.emplace(id, entry ? std::string() : entry.error().message());
   }
-  for (auto& listed : listing) {
+  for (std::size_t i = 0; i < listing.size(); ++i) {
+    auto& listed = listing[i];
     auto it = why_unusable.find(listed.owner);
     listed.unusable = it == why_unusable.end() ? "it has no owner entry" : it->second;
+    if (auto bad = bad_values.find(i); listed.unusable.empty() && bad != bad_values.end()) listed.unusable = bad->second;
   }
   co_return listing;
 }

@@ -52,6 +52,21 @@ std::string encode_owner(const OwnerEntry& owner) {
       .dump();
 }
 
+std::string encode_name_value(std::optional<std::uint64_t> version) {
+  if (!version) return {};
+  return nlohmann::json{{"version", *version}}.dump();
+}
+
+Result<std::optional<std::uint64_t>> decode_name_value(std::string_view value) {
+  if (value.empty()) return std::optional<std::uint64_t>{};
+  auto parsed = nlohmann::json::parse(value, nullptr, false);
+  if (parsed.is_discarded() || !parsed.is_object() || parsed.size() != 1 || !parsed.contains("version") ||
+      !parsed["version"].is_number_unsigned()) {
+    return fail(errc::protocol, "a name's entry that is not {\"version\": a whole number}");
+  }
+  return std::optional<std::uint64_t>{parsed["version"].get<std::uint64_t>()};
+}
+
 namespace {
 
 /// A whole number from 0 to `most`: not a float (1e308 is not a load), not

@@ -1,6 +1,8 @@
 // The directory's keys and values in etcd, under the configured key prefix P:
 //   P/owners/<owner id>            an owner's entry: JSON (OwnerEntry)
-//   P/names/<name> 0x00 <owner id>         empty: that owner serves <name>
+//   P/names/<name> 0x00 <owner id>         that owner serves <name>: empty,
+//                                          or {"version": N}, the version
+//                                          of it the owner holds
 //   P/prefixes/<prefix> 0x00 <owner id>    empty: that owner serves every
 //                                          name starting with <prefix>
 // all under the owner's lease. A NUL separates a name from the owner id
@@ -32,6 +34,13 @@ struct NameAndOwner {
 [[nodiscard]] std::optional<NameAndOwner> split_name_key(std::string_view key, std::string_view family_prefix);
 
 [[nodiscard]] std::string encode_owner(const OwnerEntry& owner);
+
+/// A name key's value: empty when the owner says no version, else
+/// {"version": N}.
+[[nodiscard]] std::string encode_name_value(std::optional<std::uint64_t> version);
+/// Strict: an empty value (no version) or exactly that object; anything
+/// else is refused (`protocol`).
+[[nodiscard]] Result<std::optional<std::uint64_t>> decode_name_value(std::string_view value);
 /// Strict: anything else than an object with these fields, each passing
 /// check_owner_entry(), is refused (`protocol`).
 [[nodiscard]] Result<OwnerEntry> decode_owner(std::string_view id, std::string_view json);

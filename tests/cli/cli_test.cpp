@@ -369,7 +369,7 @@ TEST_F(TwoProcesses, GetPushHasTheServerWriteTheFileOrReadsItSayingWhy) {
     std::string expect;
   };
   const Case cases[] = {
-      {"127.0.0.1:" + port_after(pushing.captured, "listening on"), "via rdma, pushed by the server, version "},
+      {"127.0.0.1:" + port_after(pushing.captured, "listening on"), "via rdma, pushed by the server, generation "},
       {"127.0.0.1:" + port_after(reading.captured, "listening on"),
        "via rdma, read: the push was refused (corma: not configured: owner: this owner takes no pushes)"}};
   for (const auto& c : cases) {

@@ -88,6 +88,40 @@ TEST_F(DirectoryCli, LsEscapesWhatAnEtcdWriterChoseSoNoEntryForgesALineAColumnOr
   EXPECT_NE(listing.find("plain-\xc3\xa9\tevil-host"), std::string::npos) << "UTF-8 text is left as it is:\n" << listing;
 }
 
+TEST_F(DirectoryCli, LsShowsTheVersionsOwnersAnnounceAndGetVersionFetchesOnlyFromAnOwnerHoldingIt) {
+  write_file(root / "model.bin", std::vector<char>(100000, 'v'));
+  auto a = announced_owner("owner-a");
+  auto b = announced_owner("owner-b");
+  // Each owner says, for the name, the version it holds (written as an
+  // owner announcing it would: a name key whose value names the version).
+  asio::io_context io;
+  const auto c = etcd.config("/corma");
+  directory::EtcdClient writer(io.get_executor(), "127.0.0.1", c.port, std::chrono::seconds(2));
+  corma::testing::run(io, [&]() -> asio::awaitable<void> {
+    EXPECT_TRUE(co_await writer.put(directory::name_key(c, "model.bin", "owner-a"), directory::encode_name_value(7), 0));
+    EXPECT_TRUE(co_await writer.put(directory::name_key(c, "model.bin", "owner-b"), directory::encode_name_value(9), 0));
+  }());
+  auto [listed, listing] = run_corma({"ls", "--directory", directory, "model"});
+  ASSERT_EQ(listed, 0) << listing;
+  EXPECT_NE(listing.find("model.bin\towner-a\tversion 7\n"), std::string::npos) << listing;
+  EXPECT_NE(listing.find("model.bin\towner-b\tversion 9\n"), std::string::npos) << listing;
+
+  const auto out = base / "model.out";
+  auto [newest, newest_line] = run_corma({"get", "--directory", directory, "model.bin", "-o", out.string()});
+  ASSERT_EQ(newest, 0) << newest_line;
+  EXPECT_NE(newest_line.find(", version 9 from owner-b"), std::string::npos) << "the newest first:\n" << newest_line;
+  auto [older, older_line] =
+      run_corma({"get", "--directory", directory, "model.bin", "-o", out.string(), "--version", "7"});
+  ASSERT_EQ(older, 0) << older_line;
+  EXPECT_NE(older_line.find(", version 7 from owner-a"), std::string::npos) << older_line;
+  EXPECT_EQ(read_file(out), read_file(root / "model.bin"));
+  auto [none, none_line] =
+      run_corma({"get", "--directory", directory, "model.bin", "-o", (base / "none.out").string(), "--version", "8"});
+  EXPECT_EQ(none, 1) << none_line;
+  EXPECT_NE(none_line.find("no owner announces version 8 of 'model.bin'"), std::string::npos) << none_line;
+  EXPECT_FALSE(std::filesystem::exists(base / "none.out"));
+}
+
 TEST_F(DirectoryCli, AnOwnerKilledMidFetchIsReplacedByAReplicaAndTheFileArrivesWhole) {
   std::vector<char> content(256u << 20);
   for (std::size_t i = 0; i < content.size(); i += 4096) content[i] = static_cast<char>(i / 4096 * 7);

@@ -13,6 +13,7 @@
 #include <boost/asio/io_context.hpp>
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -22,14 +23,15 @@ namespace corma::testing {
 namespace asio = boost::asio;
 
 /// An owner serving `bytes` as "obj" and, sliced, as "part-<i>" (chunks
-/// only), announced as `id`.
+/// only), announced as `id` (with `obj_version` as the version of "obj").
 struct AnnouncedOwner {
   static constexpr std::size_t parts = 40;
   static constexpr std::size_t part_size = 4096;
 
   AnnouncedOwner(asio::io_context& io, const corma::DirectoryConfig& config, std::string id, std::uint64_t load,
                  const std::vector<std::byte>& bytes, corma::OwnerConfig owner_config = {},
-                 std::chrono::seconds ttl = std::chrono::seconds(5))
+                 std::chrono::seconds ttl = std::chrono::seconds(5),
+                 std::optional<std::uint64_t> obj_version = std::nullopt)
       : acceptor(io, {asio::ip::make_address("127.0.0.1"), 0}),
         owner(io.get_executor(), nullptr, owner_config),
         directory(io.get_executor(), config) {
@@ -44,6 +46,7 @@ struct AnnouncedOwner {
     asio::co_spawn(io, owner.serve(acceptor), asio::detached);
     a.owner = corma::OwnerEntry{std::move(id), "127.0.0.1", acceptor.local_endpoint().port(), "host", "none", 3, load};
     a.ttl = ttl;
+    if (obj_version) a.versions["obj"] = *obj_version;
     announced = corma::testing::run(io, directory.async_announce(std::move(a)));
   }
   void kill() {

@@ -5,8 +5,11 @@
 // something other than corma on its port, a version or backend mismatch,
 // the owner draining, refusing, or not holding the name) is tried on the
 // next owner, once per owner. A cancellation, a range the object does not
-// have, this side's own failure and a changed object end it at once. The
-// outcome says which owner served it and why each one before was left.
+// have, this side's own failure and a changed object end it at once. Once
+// an owner may have written part of a version it announced, only owners
+// announcing that same version take the fetch over, so bytes of two
+// versions never meet in one destination. The outcome says which owner
+// served it, the version, and why each owner before was left.
 #pragma once
 
 #include <corma/consumer.hpp>
@@ -18,16 +21,32 @@
 #include <boost/asio/awaitable.hpp>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace corma {
+
+/// Which part, and which version, of an object a fetch through the cluster
+/// asks for. A range alone converts to it: the newest version's.
+struct ClusterFetchOptions {
+  ClusterFetchOptions() = default;
+  ClusterFetchOptions(ByteRange part) : range(part) {}  // NOLINT(google-explicit-constructor)
+
+  ByteRange range{};
+  /// Only this version (Announcement::versions): the owners that announce
+  /// another one, or none, are not asked, and a fetch no owner announces it
+  /// for fails with `object_changed`. Empty: the newest announced.
+  std::optional<std::uint64_t> version{};
+};
 
 /// How a fetch through the cluster went: the fetch's own outcome, the owner
 /// that served it, and the owners tried before it and why they failed.
 struct ClusterOutcome {
   FetchOutcome fetch;
   std::string owner;
+  /// The version of the name the serving owner announced (empty: none).
+  std::optional<std::uint64_t> version;
   struct Failed {
     std::string owner;
     Error error;
@@ -61,30 +80,35 @@ class ClusterConsumer {
   /// (not found on every owner, object_changed, a sink's error) end the
   /// fetch. Completes with Result<ClusterOutcome>.
   template <class Token = DefaultToken>
-    requires(!std::is_same_v<std::decay_t<Token>, ByteRange>)
+    requires(!std::is_same_v<std::decay_t<Token>, ByteRange> &&
+             !std::is_same_v<std::decay_t<Token>, ClusterFetchOptions>)
   auto async_fetch_to(std::string name, StreamDestination destination, Token&& token = {}) {
     return detail::as_operation(executor(), fetch_to(std::move(name), std::move(destination), {}),
                                 std::forward<Token>(token));
   }
-  /// The same for a part of the object (Consumer::async_fetch_to's range).
-  /// Generations are each owner's own: the outcome's owner and generation
-  /// together name the version read.
+  /// The same for a part of the object (Consumer::async_fetch_to's range),
+  /// or for one version of it. Generations are each owner's own: the
+  /// outcome's owner and generation together name what was read; its
+  /// version is the one the owner announced.
   template <class Token = DefaultToken>
-  auto async_fetch_to(std::string name, StreamDestination destination, ByteRange range, Token&& token = {}) {
-    return detail::as_operation(executor(), fetch_to(std::move(name), std::move(destination), range),
+  auto async_fetch_to(std::string name, StreamDestination destination, ClusterFetchOptions options,
+                      Token&& token = {}) {
+    return detail::as_operation(executor(), fetch_to(std::move(name), std::move(destination), options),
                                 std::forward<Token>(token));
   }
 
   /// The same into a region of the registry the caller keeps registered.
   template <class Token = DefaultToken>
-    requires(!std::is_same_v<std::decay_t<Token>, ByteRange>)
+    requires(!std::is_same_v<std::decay_t<Token>, ByteRange> &&
+             !std::is_same_v<std::decay_t<Token>, ClusterFetchOptions>)
   auto async_fetch_into(std::string name, RegionGuard& destination, Token&& token = {}) {
     return detail::as_operation(executor(), fetch_into(std::move(name), destination, {}),
                                 std::forward<Token>(token));
   }
   template <class Token = DefaultToken>
-  auto async_fetch_into(std::string name, RegionGuard& destination, ByteRange range, Token&& token = {}) {
-    return detail::as_operation(executor(), fetch_into(std::move(name), destination, range),
+  auto async_fetch_into(std::string name, RegionGuard& destination, ClusterFetchOptions options,
+                        Token&& token = {}) {
+    return detail::as_operation(executor(), fetch_into(std::move(name), destination, options),
                                 std::forward<Token>(token));
   }
 
@@ -111,9 +135,9 @@ class ClusterConsumer {
   [[nodiscard]] boost::asio::any_io_executor executor() const;
   [[nodiscard]] boost::asio::awaitable<Result<ClusterOutcome>> fetch_to(std::string name,
                                                                          StreamDestination destination,
-                                                                         ByteRange range);
+                                                                         ClusterFetchOptions options);
   [[nodiscard]] boost::asio::awaitable<Result<ClusterOutcome>> fetch_into(std::string name, RegionGuard& destination,
-                                                                           ByteRange range);
+                                                                           ClusterFetchOptions options);
   [[nodiscard]] boost::asio::awaitable<Result<ClusterManyFetched>> fetch_many(std::vector<std::string> names,
                                                                              std::vector<FetchSlot> slots);
 

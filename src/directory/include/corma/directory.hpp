@@ -18,7 +18,9 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -87,6 +89,10 @@ struct OwnerEntry {
   std::string transport;  ///< "tcp", "shm", "verbs" or "none" (chunks only)
   std::uint16_t protocol_version = 0;
   std::uint64_t load = 0;  ///< lower is preferred
+  /// In a resolution: the version of the name this owner announced (see
+  /// Announcement::versions); empty when it announced none, or serves the
+  /// name by a prefix.
+  std::optional<std::uint64_t> version{};
 };
 
 struct Announcement {
@@ -95,6 +101,13 @@ struct Announcement {
   /// announces prefixes: "" serves every name).
   std::vector<std::string> names;
   std::vector<std::string> prefixes;
+  /// The version this owner holds of some of `names`: a number that grows
+  /// with every change of the object and is the same on every owner holding
+  /// the same bytes (the writer's version counter, or a file's modification
+  /// time in nanoseconds where replicas keep it). Consumers rank the owners
+  /// of a name newest first, and can ask for one version. A name not in
+  /// `names` is refused.
+  std::map<std::string, std::uint64_t, std::less<>> versions;
   /// The lease's time to live: the owner's entries vanish this long after
   /// it stops renewing. Renewed every third of it.
   std::chrono::seconds ttl{10};
@@ -112,6 +125,8 @@ using Resolution = Result<std::vector<OwnerEntry>>;
 struct DirectoryListing {
   std::string name;  ///< a name, or a prefix ending in '*'
   std::string owner;
+  /// The version of the name the owner announced (empty: none, or a prefix).
+  std::optional<std::uint64_t> version{};
   /// Why consumers skip this owner (its entry is missing, or is not one a
   /// consumer could rank and connect to); empty: its entry is good.
   std::string unusable{};
@@ -168,8 +183,10 @@ class Directory {
   }
 
   /// Consumer: the owners serving `name` (exactly, or by a prefix), best
-  /// first: same machine, then least loaded, then a hash of the name and
-  /// the owner's id (stable, and spreading names over equal owners).
+  /// first: the newest version announced first (the highest number; an
+  /// owner that announced none after every one that did), then same
+  /// machine, then least loaded, then a hash of the name and the owner's id
+  /// (stable, and spreading names over equal owners).
   /// `region_not_found` when none does. Result<std::vector<OwnerEntry>>.
   template <class Token = DefaultToken>
   auto async_resolve(std::string name, Token&& token = {}) {
