@@ -41,6 +41,8 @@ struct ServeOptions {
   std::string owner_id;                 ///< empty: <host name>-<port>
   std::vector<std::string> announce;    ///< name prefixes announced; empty: "" (every file)
   double announce_ttl_s = 10;
+  bool announce_files = false;    ///< every file by name, its modification time (ns) as its version
+  double announce_rescan_s = 2;   ///< with announce_files: how often the root is scanned again
   bool accept_push = false;  ///< OwnerConfig::accept_push
   std::string cluster_key_file;  ///< the key this owner proves who it is with; empty: none
 };

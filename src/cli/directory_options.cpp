@@ -62,7 +62,8 @@ Announcement serve_announcement(const ServeOptions& options, const asio::ip::tcp
   a.owner.machine = host;
   a.owner.transport = rdma ? options.transport.transport : "none";
   a.owner.protocol_version = rendezvous_protocol_version;
-  a.prefixes = options.announce.empty() ? std::vector<std::string>{""} : options.announce;
+  // Every file by prefix unless the files are announced by name.
+  a.prefixes = options.announce.empty() && !options.announce_files ? std::vector<std::string>{""} : options.announce;
   a.ttl = std::chrono::seconds(std::max<long>(1, static_cast<long>(options.announce_ttl_s)));
   return a;
 }

@@ -85,6 +85,15 @@ int main(int argc, char** argv) {
                         "seconds this owner's entries outlive it in the directory if it dies")
       ->check(CLI::Range(1.0, 3600.0))
       ->capture_default_str();
+  serve_cmd->add_flag("--announce-files", serve.announce_files,
+                      "announce every file under the root by name (at most 100000), its modification time in "
+                      "nanoseconds as its version, so consumers take the newest replica and can ask for one "
+                      "version; with --announce, those prefixes too");
+  serve_cmd->add_option("--announce-rescan", serve.announce_rescan_s,
+                        "with --announce-files: seconds between scans of the root (changes are announced after "
+                        "the next scan)")
+      ->check(CLI::Range(0.1, 3600.0))
+      ->capture_default_str();
 
   GetOptions get;
   auto* get_cmd = app.add_subcommand("get", "fetch one file from a corma serve");

@@ -1,5 +1,6 @@
 // corma serve: an Owner over the files of one directory.
 #include "address.hpp"
+#include "announced_files.hpp"
 #include "commands.hpp"
 #include "cluster_key.hpp"
 #include "directory_options.hpp"
@@ -109,6 +110,7 @@ int run_serve(const ServeOptions& options) {
     }
     directory.emplace(io.get_executor(), config.value());
   }
+  std::optional<FileAnnouncer> file_announcer;
   std::optional<asio::ip::tcp::acceptor> metrics;
   if (!options.metrics.empty()) {
     auto endpoint = parse_endpoint(options.metrics);
@@ -147,14 +149,32 @@ int run_serve(const ServeOptions& options) {
     std::printf("corma serve: announcing %s in the directory at %s under %s\n", announcement.owner.id.c_str(),
                 options.directory.address.c_str(), options.directory.key_prefix.c_str());
     // Announced in the background: an owner serves whether or not etcd is up.
-    directory->async_announce(announcement, [id = announcement.owner.id](Result<void> announced) {
-      if (!announced) {
-        std::fprintf(stderr, "corma serve: not announced: %s\n", announced.error().message().c_str());
-        return;
-      }
-      std::printf("corma serve: announced %s\n", id.c_str());
-      std::fflush(stdout);
-    });
+    if (options.announce_files) {
+      file_announcer.emplace(io.get_executor(), file_readers.get_executor(), *directory, announcement,
+                             options.root, std::chrono::milliseconds(static_cast<long>(options.announce_rescan_s * 1000)));
+      file_announcer->start([id = announcement.owner.id, last_error = std::string()](const Result<void>& announced,
+                                                                                      std::size_t named) mutable {
+        if (!announced) {
+          // Said once until it changes: a scan runs every few seconds.
+          if (announced.error().message() == last_error) return;
+          last_error = announced.error().message();
+          std::fprintf(stderr, "corma serve: not announced: %s\n", last_error.c_str());
+          return;
+        }
+        last_error.clear();
+        std::printf("corma serve: announced %s, %zu files by name with their versions\n", id.c_str(), named);
+        std::fflush(stdout);
+      });
+    } else {
+      directory->async_announce(announcement, [id = announcement.owner.id](Result<void> announced) {
+        if (!announced) {
+          std::fprintf(stderr, "corma serve: not announced: %s\n", announced.error().message().c_str());
+          return;
+        }
+        std::printf("corma serve: announced %s\n", id.c_str());
+        std::fflush(stdout);
+      });
+    }
   }
   std::fflush(stdout);
 
@@ -171,6 +191,7 @@ int run_serve(const ServeOptions& options) {
   auto stop_serving = [&]() -> asio::awaitable<bool> {
     // Withdrawn first, so that consumers stop choosing this owner (bounded
     // by the directory's request timeout when etcd is down).
+    if (file_announcer) file_announcer->stop();
     if (directory) (void)co_await directory->async_withdraw(asio::use_awaitable);
     owner.stop();
     acceptor.close();

@@ -152,6 +152,19 @@ struct Directory::State : std::enable_shared_from_this<State> {
     }
     lease = granted;
     ++stats.leases_granted;
+    if (auto written = co_await client.put_all(keys_of(a), granted); !written) {
+      if (lease == granted) {
+        lease = 0;
+        (void)co_await client.revoke(granted);  // if etcd is gone too, the lease lapses unrenewed
+      }
+      co_return written;
+    }
+    stats.announced = true;
+    co_return success();
+  }
+
+  /// Every key an announcement writes, with its value.
+  [[nodiscard]] std::vector<directory::KeyValue> keys_of(const Announcement& a) const {
     std::vector<directory::KeyValue> kvs;
     kvs.push_back({directory::owner_key(config, a.owner.id), directory::encode_owner(a.owner), 0});
     for (const auto& name : a.names) {
@@ -163,15 +176,35 @@ struct Directory::State : std::enable_shared_from_this<State> {
                      0});
     }
     for (const auto& prefix : a.prefixes) kvs.push_back({directory::prefix_key(config, prefix, a.owner.id), {}, 0});
-    if (auto written = co_await client.put_all(kvs, granted); !written) {
-      if (lease == granted) {
-        lease = 0;
-        (void)co_await client.revoke(granted);  // if etcd is gone too, the lease lapses unrenewed
-      }
-      co_return written;
+    return kvs;
+  }
+
+  /// The same owner announced anew while it holds a lease: the keys that
+  /// changed are written under that lease and those no longer announced
+  /// deleted, so no consumer finds the owner missing meanwhile. When that
+  /// fails, the lease is revoked: the next renewal grants one and writes
+  /// everything.
+  asio::awaitable<Result<void>> rewrite_announcement(const Announcement& previous) {
+    const auto epoch = announcement_epoch;
+    const auto held = lease;
+    if (announcement->current_load) announcement->owner.load = load_now(*announcement);
+    std::map<std::string, std::string> before;
+    for (auto& kv : keys_of(previous)) before.emplace(std::move(kv.key), std::move(kv.value));
+    std::vector<directory::KeyValue> changed;
+    for (auto& kv : keys_of(*announcement)) {
+      auto it = before.find(kv.key);
+      if (it == before.end() || it->second != kv.value) changed.push_back(std::move(kv));
+      if (it != before.end()) before.erase(it);
     }
-    stats.announced = true;
-    co_return success();
+    std::vector<std::string> gone;
+    for (auto& [key, value] : before) gone.push_back(key);
+    auto written = co_await client.put_all(changed, held);
+    if (written) written = co_await client.delete_all(gone);
+    if (!written && epoch == announcement_epoch && lease == held) {
+      lease = 0;
+      (void)co_await client.revoke(held);
+    }
+    co_return written;
   }
 
   /// Rewrites the owner's entry when its load source gives a new figure.
@@ -428,6 +461,11 @@ asio::awaitable<Result<void>> Directory::announce(Announcement announcement) {
     CORMA_CO_TRY(check_object_name(prefix));
   }
   ++state->announcement_epoch;
+  if (state->lease != 0 && state->announcement && state->announcement->owner.id == announcement.owner.id &&
+      state->announcement->ttl == announcement.ttl) {
+    const auto previous = std::exchange(*state->announcement, std::move(announcement));
+    co_return co_await state->rewrite_announcement(previous);
+  }
   if (state->lease != 0) (void)co_await state->client.revoke(std::exchange(state->lease, 0));
   state->announcement = std::move(announcement);
   auto written = co_await state->write_announcement();

@@ -206,6 +206,18 @@ asio::awaitable<Result<void>> EtcdClient::put_all(const std::vector<KeyValue>& k
   co_return success();
 }
 
+asio::awaitable<Result<void>> EtcdClient::delete_all(const std::vector<std::string>& keys) {
+  for (std::size_t first = 0; first < keys.size(); first += max_txn_ops) {
+    Json deletes = Json::array();
+    for (std::size_t i = first; i < std::min(keys.size(), first + max_txn_ops); ++i) {
+      deletes.push_back(Json{{"request_delete_range", Json{{"key", to_base64(keys[i])}}}});
+    }
+    const Json body{{"success", std::move(deletes)}};
+    CORMA_CO_TRY(co_await call("/v3/kv/txn", body));
+  }
+  co_return success();
+}
+
 namespace {
 
 Json range_request(const std::string& prefix) {

@@ -77,6 +77,9 @@ class EtcdClient {
   /// Many puts under one lease, in transactions of at most 128 (etcd's
   /// default --max-txn-ops).
   boost::asio::awaitable<Result<void>> put_all(const std::vector<KeyValue>& kvs, std::int64_t lease);
+  /// Deletes each of `keys` (one key each, not a range), in transactions
+  /// of at most 128; a key that is not there is no error.
+  boost::asio::awaitable<Result<void>> delete_all(const std::vector<std::string>& keys);
   /// Every key starting with `prefix`.
   boost::asio::awaitable<Result<RangeResult>> range_prefix(const std::string& prefix);
   /// Every key under each of `prefixes`, answered in their order: ranges in

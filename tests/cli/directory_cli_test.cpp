@@ -11,7 +11,9 @@
 #include "support/run.hpp"
 #include "support/test_certificates.hpp"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <boost/asio/io_context.hpp>
 
@@ -120,6 +122,73 @@ TEST_F(DirectoryCli, LsShowsTheVersionsOwnersAnnounceAndGetVersionFetchesOnlyFro
   EXPECT_EQ(none, 1) << none_line;
   EXPECT_NE(none_line.find("no owner announces version 8 of 'model.bin'"), std::string::npos) << none_line;
   EXPECT_FALSE(std::filesystem::exists(base / "none.out"));
+}
+
+/// Sets `file`'s modification time to `version` nanoseconds since the epoch.
+void set_version(const std::filesystem::path& file, std::uint64_t version) {
+  const timespec times[2] = {{static_cast<time_t>(version / 1'000'000'000u), 0},
+                             {static_cast<time_t>(version / 1'000'000'000u), static_cast<long>(version % 1'000'000'000u)}};
+  ASSERT_EQ(::utimensat(AT_FDCWD, file.c_str(), times, 0), 0);
+}
+
+TEST_F(DirectoryCli, ServeAnnounceFilesAnnouncesEachFilesVersionAndAChangeAfterTheNextScanUnderTheSameLease) {
+  // Two replicas of one file whose copies differ, each with its own time.
+  constexpr std::uint64_t older = 1'700'000'000'000'000'111u, newer = 1'700'000'100'000'000'222u,
+                          newest = 1'700'000'200'000'000'333u;
+  const auto root_b = base / "root-b";
+  std::filesystem::create_directories(root_b / "sub");
+  write_file(root / "model.bin", std::vector<char>(100000, 'a'));
+  write_file(root_b / "model.bin", std::vector<char>(100000, 'b'));
+  set_version(root / "model.bin", older);
+  set_version(root_b / "model.bin", newer);
+  const auto serve_files = [&](const std::filesystem::path& served, const std::string& id) {
+    auto owner = Process::start({binary, "serve", "--root", served.string(), "--listen", "127.0.0.1:0", "--metrics",
+                                 "127.0.0.1:0", "--directory", directory, "--owner-id", id, "--announce-ttl", "2",
+                                 "--announce-files", "--announce-rescan", "0.2"});
+    EXPECT_TRUE(owner.wait_for_output("announced " + id + ", 3 files by name")) << owner.captured;
+    return owner;
+  };
+  write_file(root_b / "sub" / "one.bin", std::vector<char>(10, '1'));
+  write_file(root_b / "sub" / "two.bin", std::vector<char>(10, '2'));
+  write_file(root / "sub" / "one.bin", std::vector<char>(10, '1'));
+  write_file(root / "sub" / "two.bin", std::vector<char>(10, '2'));
+  auto a = serve_files(root, "owner-a");
+  auto b = serve_files(root_b, "owner-b");
+  auto [listed, listing] = run_corma({"ls", "--directory", directory, "model"});
+  ASSERT_EQ(listed, 0) << listing;
+  EXPECT_NE(listing.find("model.bin\towner-a\tversion " + std::to_string(older)), std::string::npos) << listing;
+  EXPECT_NE(listing.find("model.bin\towner-b\tversion " + std::to_string(newer)), std::string::npos) << listing;
+
+  const auto out = base / "model.out";
+  auto [got, line] = run_corma({"get", "--directory", directory, "model.bin", "-o", out.string()});
+  ASSERT_EQ(got, 0) << line;
+  EXPECT_NE(line.find(", version " + std::to_string(newer) + " from owner-b"), std::string::npos) << line;
+  EXPECT_EQ(read_file(out), read_file(root_b / "model.bin"));
+  auto [got_older, older_line] = run_corma(
+      {"get", "--directory", directory, "model.bin", "-o", out.string(), "--version", std::to_string(older)});
+  ASSERT_EQ(got_older, 0) << older_line;
+  EXPECT_EQ(read_file(out), read_file(root / "model.bin"));
+
+  // owner-a's copy is rewritten: its next scan announces the new version.
+  write_file(root / "model.bin", std::vector<char>(100000, 'c'));
+  set_version(root / "model.bin", newest);
+  const auto announced = "model.bin\towner-a\tversion " + std::to_string(newest);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  std::string now_listed;
+  while (now_listed.find(announced) == std::string::npos && std::chrono::steady_clock::now() < until) {
+    now_listed = run_corma({"ls", "--directory", directory, "model"}).second;
+  }
+  ASSERT_NE(now_listed.find(announced), std::string::npos) << now_listed;
+  auto [got_newest, newest_line] = run_corma({"get", "--directory", directory, "model.bin", "-o", out.string()});
+  ASSERT_EQ(got_newest, 0) << newest_line;
+  EXPECT_NE(newest_line.find(" from owner-a"), std::string::npos) << newest_line;
+  EXPECT_EQ(read_file(out), read_file(root / "model.bin"));
+  const auto metrics_a = static_cast<unsigned short>(std::stoi(port_after(a.captured, "metrics on http://")));
+  EXPECT_EQ(metric(http_get(metrics_a, "/metrics"), "corma_directory_leases_granted_total"), 1u)
+      << "announced anew under the lease it held";
+  auto [old_gone, old_gone_line] = run_corma(
+      {"get", "--directory", directory, "model.bin", "-o", out.string(), "--version", std::to_string(older)});
+  EXPECT_EQ(old_gone, 1) << old_gone_line;
 }
 
 TEST_F(DirectoryCli, AnOwnerKilledMidFetchIsReplacedByAReplicaAndTheFileArrivesWhole) {

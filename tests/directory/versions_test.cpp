@@ -177,6 +177,36 @@ TEST_F(VersionsTest, ANameEntryWhoseVersionIsNotAWholeNumberIsSkippedCountedAndL
   }
 }
 
+TEST_F(VersionsTest, AnOwnerAnnouncedAnewKeepsItsLeaseWritesWhatChangedAndDeletesWhatWentAway) {
+  corma::Directory owner(io.get_executor(), config());
+  corma::Announcement a;
+  a.owner = corma::OwnerEntry{"owner-x", "127.0.0.1", 7000, "host", "none", 3, 0};
+  a.names = {"kept", "changed", "dropped"};
+  a.versions = {{"kept", 1}, {"changed", 1}};
+  ASSERT_TRUE(corma::testing::run(io, owner.async_announce(a)));
+  a.names = {"kept", "changed", "added"};
+  a.versions = {{"kept", 1}, {"changed", 2}, {"added", 5}};
+  auto again = corma::testing::run(io, owner.async_announce(a));
+  ASSERT_TRUE(again) << again.error().message();
+  EXPECT_EQ(owner.stats().leases_granted, 1u) << "the same lease: the owner was never missing";
+
+  corma::Directory consumer(io.get_executor(), config());
+  const auto version_of = [&](const std::string& name) -> corma::Result<std::optional<std::uint64_t>> {
+    CORMA_TRY(auto owners, corma::testing::run(io, consumer.async_resolve(name)));
+    return owners.front().version;
+  };
+  EXPECT_EQ(version_of("kept").value(), std::optional<std::uint64_t>(1));
+  EXPECT_EQ(version_of("changed").value(), std::optional<std::uint64_t>(2));
+  EXPECT_EQ(version_of("added").value(), std::optional<std::uint64_t>(5));
+  auto dropped = version_of("dropped");
+  ASSERT_FALSE(dropped);
+  EXPECT_TRUE(dropped.error().is(errc::region_not_found)) << dropped.error().message();
+  // Withdrawn, everything goes with the lease.
+  ASSERT_TRUE(corma::testing::run(io, owner.async_withdraw()));
+  corma::Directory later(io.get_executor(), config());
+  EXPECT_FALSE(corma::testing::run(io, later.async_resolve("kept")));
+}
+
 TEST_F(VersionsTest, AVersionForANameNotAnnouncedIsRefused) {
   corma::Directory directory(io.get_executor(), config());
   corma::Announcement a;

@@ -169,8 +169,12 @@ class Directory {
   /// Owner: grants a lease, writes the owner's entry and its names under it,
   /// and renews it from then on; when etcd loses the lease (down longer
   /// than the ttl), a new one is granted and everything written again.
-  /// Announcing again replaces the previous announcement. Completes with
-  /// Result<void>.
+  /// Announcing again replaces the previous announcement: for the same
+  /// owner id and ttl, under the lease it holds, writing only the keys that
+  /// changed and deleting those no longer announced (consumers never find
+  /// the owner missing meanwhile; should that fail, the next renewal
+  /// writes everything under a new lease); otherwise under a new lease.
+  /// Completes with Result<void>.
   template <class Token = DefaultToken>
   auto async_announce(Announcement announcement, Token&& token = {}) {
     return detail::as_operation(executor(), announce(std::move(announcement)), std::forward<Token>(token));
