@@ -202,11 +202,6 @@ const char* provider_call(backend_kit::TransferKind kind) {
   return "ucp";
 }
 
-Result<void> inside_key(const TransferRequest& req, std::uint64_t key_addr, std::uint64_t key_len) {
-  if (req.remote_addr < key_addr) return fail(errc::out_of_range, "remote address below the key's range");
-  return validate_slice(req.remote_addr - key_addr, req.len, key_len);
-}
-
 }  // namespace
 
 Result<SharedRemoteKey> Backend::Engine::unpack_key(const PackedKey& packed, Peer& peer) {
@@ -218,9 +213,9 @@ Result<SharedRemoteKey> Backend::Engine::unpack_key(const PackedKey& packed, Pee
   return std::make_shared<const RemoteKey>(rkey, decoded.addr, decoded.len, decoded.access);
 }
 
-Result<SharedRemoteKey> Backend::Engine::remote_key(const TransferRequest& req, Peer& peer) {
+Result<SharedRemoteKey> Backend::Engine::remote_key(const TransferRequest& req, bool is_put, Peer& peer) {
   CORMA_TRY(auto key, find_key(req.key, peer));
-  CORMA_TRY(inside_key(req, key->addr(), key->len()));
+  CORMA_TRY(validate_remote_range(is_put, req.remote_addr, req.len, key->addr(), key->len(), key->access()));
   return key;
 }
 
@@ -280,11 +275,8 @@ void Backend::Engine::run_transfer(const std::shared_ptr<UcxTransferOp>& op) {
   auto peer = initiator_peer(*op);
   if (!peer) return answer(*op, std::move(peer).error());
   const auto& req = op->request;
-  auto key = remote_key(req, *peer.value());
+  auto key = remote_key(req, op->kind == backend_kit::TransferKind::put, *peer.value());
   if (!key) return answer(*op, std::move(key).error());
-  if (op->kind == backend_kit::TransferKind::put && !access_allows(key.value()->access(), Access::remote_read_write)) {
-    return answer(*op, fail(errc::not_owned, "the key's region takes no puts (registered without remote write)"));
-  }
   op->key = std::move(key).value();
   track(op, *region.value());
   peer.value()->wire_up_started = true;
@@ -392,7 +384,8 @@ void Backend::Engine::finish_transfer(std::uint64_t id, ucs_status_t status) {
   auto taken = untrack(id);
   if (!taken) return;
   auto& op = *taken;
-  op.key.reset();
+  // A whole batch's flush may end well behind an element UCX refused.
+  if (status == UCS_OK) status = op.post_status;
 
   // The caller hears of its transfer before an unmap that waited for it.
   if (status == UCS_OK) {
@@ -404,9 +397,15 @@ void Backend::Engine::finish_transfer(std::uint64_t id, ucs_status_t status) {
     auto peer = peers.find(op.request.peer);
     const bool broken = peer == peers.end() || peer->second.broken;
     answer(op, ucs_error(broken ? errc::peer_unreachable : errc::backend,
-                         provider_call(op.kind), status));
+                         op.whole_batch ? "ucp_ep_flush_nbx" : provider_call(op.kind), status));
   }
-  unpin(op.request.local);
+  release_holds(op);
+}
+
+void Backend::Engine::release_holds(UcxTransferOp& op) {
+  op.key.reset();
+  op.run_keys.clear();
+  unpin_transfer(op);
 }
 
 void Backend::Engine::on_transfer_deadline(UcxTransferOp& op) {
@@ -474,8 +473,7 @@ void Backend::Engine::release_orphan(std::uint64_t id) {
   if (it == stranded.end()) return;
   auto op = std::move(it->second);
   stranded.erase(it);
-  op->key.reset();
-  unpin(op->request.local);
+  release_holds(*op);
 }
 
 // ---- peers ----
@@ -620,6 +618,9 @@ void Backend::Engine::run_peer_close(const std::shared_ptr<VoidOp>& op, PeerId i
   closing_endpoints.push_back(Closing{request, op, std::nullopt});
 }
 
-void Backend::Engine::forget_transfer(UcxTransferOp& op) { op.key.reset(); }
+void Backend::Engine::forget_transfer(UcxTransferOp& op) {
+  op.key.reset();
+  op.run_keys.clear();
+}
 
 }  // namespace corma::ucx

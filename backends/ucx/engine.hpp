@@ -42,6 +42,10 @@ struct UcxTransferOp : TransferOp {
   std::vector<std::byte> notify_header;
   std::optional<std::uint64_t> ack;  ///< the acknowledgement's status, once it came
   std::vector<std::uint64_t>* finished = nullptr;  // the engine's completion list
+  /// A whole batch's: the keys its elements named beyond `key`, held until
+  /// UCX is done with them, and the first failure posting its elements.
+  std::vector<SharedRemoteKey> run_keys;
+  ucs_status_t post_status = UCS_OK;
 };
 
 struct Backend::Engine final : backend_kit::TransferEngine<UcxTransferOp> {
@@ -96,6 +100,8 @@ struct Backend::Engine final : backend_kit::TransferEngine<UcxTransferOp> {
   void run_peer_close(const std::shared_ptr<VoidOp>& op, PeerId id) override;
   void close_peers() override;
   void forget_transfer(UcxTransferOp& op) override;
+  [[nodiscard]] bool runs_whole_batches() const noexcept override { return true; }
+  void run_whole_batch(const std::shared_ptr<UcxTransferOp>& op) override;
   void tear_down() override;
   std::size_t progress() override;
   bool arm_for_sleep() override;
@@ -104,8 +110,8 @@ struct Backend::Engine final : backend_kit::TransferEngine<UcxTransferOp> {
   /// Peers need RMA: untrusted tcp makes none.
   Result<void> peers_allowed() const;
   /// The transfer's key (imported, or cached per peer), its remote range
-  /// checked.
-  Result<SharedRemoteKey> remote_key(const TransferRequest& request, Peer& peer);
+  /// and a put's access checked.
+  Result<SharedRemoteKey> remote_key(const TransferRequest& request, bool is_put, Peer& peer);
   /// The key a transfer or atomic names: imported, or cached per peer.
   Result<SharedRemoteKey> find_key(const TransferKey& named, Peer& peer);
   /// The peer `op` goes to, if it may: not cancelled, open, a complete
@@ -118,6 +124,25 @@ struct Backend::Engine final : backend_kit::TransferEngine<UcxTransferOp> {
   /// Validates a packed key and unpacks it for `peer`'s endpoint.
   Result<SharedRemoteKey> unpack_key(const PackedKey& packed, Peer& peer);
   void finish_transfer(std::uint64_t id, ucs_status_t status);
+  /// UCX is done with `op`: its keys and local regions are let go.
+  void release_holds(UcxTransferOp& op);
+
+  // Whole batches (batch_run.cpp): every element of a batch to one peer is
+  // admitted first, then posted in one loop with no callback, and one
+  // endpoint flush behind them completes the batch.
+  /// Where an admitted element goes; `local` is null for a refused one.
+  struct AdmittedElement {
+    std::byte* local = nullptr;
+    ucp_rkey_h rkey = nullptr;
+  };
+  /// Admits every element of `op`'s run, refusing the bad ones by index;
+  /// fills `admitted`. The run's keys are held by `op`.
+  void admit_run(UcxTransferOp& op, Peer& peer);
+  /// The run's admitted elements, posted: stops at the first UCX refuses.
+  void post_run(UcxTransferOp& op, ucp_ep_h ep);
+  /// Where each element of the run being admitted goes; kept between
+  /// batches so that its capacity is reused.
+  std::vector<AdmittedElement> admitted;
   /// Lets go of a peer's keys: those a transfer still uses go with it.
   static void forget_keys(Peer& peer);
   /// The initiator's endpoint to the target whose (decoded, padded) worker

@@ -112,10 +112,10 @@ void Backend::Engine::tear_down() {
   // peers, of stranded transfers and of transfers never answered; nothing
   // progresses the worker any more, so no request uses them.
   for (auto& [id, peer] : peers) forget_keys(peer);
-  for (auto& [id, op] : orphans) op->key.reset();
-  for (auto& [id, op] : stranded) op->key.reset();
+  for (auto& [id, op] : orphans) forget_transfer(*op);
+  for (auto& [id, op] : stranded) forget_transfer(*op);
   for (auto id : transfers_where([](const UcxTransferOp&) { return true; })) {
-    if (auto op = share_transfer(id)) op->key.reset();
+    if (auto op = share_transfer(id)) forget_transfer(*op);
   }
   // Destroying the worker ends every endpoint and request it still held.
   // Acknowledgements still sending end with the worker; their bytes go after.

@@ -459,8 +459,10 @@ Result<void> Backend::Engine::admit_remote(VerbsTransferOp& op) const {
   const auto& req = op.request;
   CORMA_TRY(auto peer, usable_peer(req.peer));
   CORMA_TRY(auto key, key_named(req.key, peer->imported));
-  if (req.remote_addr < key.addr) return fail(errc::out_of_range, "remote address below the key's range");
-  CORMA_TRY(validate_slice(req.remote_addr - key.addr, req.len, key.len));
+  // A put through a read-only key would fail on the wire and take the
+  // queue pair down with it: refused here instead.
+  CORMA_TRY(validate_remote_range(op.kind == backend_kit::TransferKind::put, req.remote_addr, req.len, key.addr,
+                                  key.len, key.access));
   op.rkey = key.rkey;
   return success();
 }

@@ -247,15 +247,20 @@ class RdmaBackend {
         std::move(request));
   }
 
-  /// Many gets (or puts) in one submission with one completion. Each element
-  /// is checked and runs exactly as a single transfer would, and its failure
-  /// is reported in the outcome (index and error) without failing the
-  /// others. The batch as a whole fails only when it never ran: too long
-  /// (`out_of_range`), the backend shut down or its queue full. A `terminal`
-  /// cancellation answers at once, with the elements still running listed as
-  /// `cancelled` (their bytes may still land; their local regions stay
-  /// registered until they really end); other types are not honoured. An
-  /// empty batch succeeds with nothing to do.
+  /// Many gets (or puts) in one submission with one completion. Every
+  /// element is checked as a single transfer would be before any is posted:
+  /// one that fails a check is reported in the outcome (index and error),
+  /// never reaches the provider, and fails none of the others. The rest may
+  /// run as one transfer per peer (docs/architecture.md, "Batches"): an
+  /// element reported with a failure that came after posting (the peer lost,
+  /// the deadline passed, the backend shut down, cancelled) may or may not
+  /// have landed; one not reported failed has landed. The batch as a whole
+  /// fails only when it never ran: too long (`out_of_range`), the backend
+  /// shut down or its queue full. A `terminal` cancellation answers at once,
+  /// with the elements still running listed as `cancelled` (their bytes may
+  /// still land; their local regions stay registered until they really
+  /// end); other types are not honoured. An empty batch succeeds with
+  /// nothing to do.
   template <asio::completion_token_for<void(Result<BatchOutcome>)> Token>
   auto async_get_batch(TransferBatch batch, Token&& token) {
     return asio::async_initiate<Token, void(Result<BatchOutcome>)>(
@@ -429,6 +434,13 @@ class RdmaBackend {
 /// registered with Access::remote_atomic (`not_owned`).
 [[nodiscard]] Result<void> validate_atomic_word(std::uint64_t remote_addr, std::uint64_t region_addr,
                                                 std::uint64_t region_len, Access region_access);
+
+/// Checks a get's or put's remote range against the region its key names,
+/// before any provider sees it: [remote_addr, remote_addr + len) inside
+/// [key_addr, key_addr + key_len) (`out_of_range`), and for a put, a region
+/// registered with remote write (`not_owned`).
+[[nodiscard]] Result<void> validate_remote_range(bool is_put, std::uint64_t remote_addr, std::uint64_t len,
+                                                 std::uint64_t key_addr, std::uint64_t key_len, Access key_access);
 
 /// Checks a batch's length against max_batch_size.
 [[nodiscard]] Result<void> validate_batch_size(std::size_t size);

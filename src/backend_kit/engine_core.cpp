@@ -264,6 +264,22 @@ Result<EngineCore::Region*> EngineCore::admit_local(const TransferRequest& reque
   return &region->second;
 }
 
+Result<EngineCore::Region*> EngineCore::admit_local(const TransferRequest& request, LastRegion& last) {
+  if (last.region == nullptr || request.local != last.id) {
+    CORMA_TRY(last.region, admit_local(request));
+    last.id = request.local;
+    return last.region;
+  }
+  // Open and registered, as the element before it found.
+  if (request.len == 0) return fail(errc::out_of_range, "zero-length transfer");
+  CORMA_TRY(validate_slice(request.local_offset, request.len, last.region->len));
+  return last.region;
+}
+
+void EngineCore::pin(RegionId id) {
+  if (auto region = regions_.find(id); region != regions_.end()) ++region->second.transfers;
+}
+
 void EngineCore::note_transfer_started(Region* region) {
   if (region != nullptr) ++region->transfers;
   in_flight_.fetch_add(1, std::memory_order_acq_rel);

@@ -26,6 +26,16 @@ Result<void> validate_slice(std::uint64_t offset, std::uint64_t len, std::uint64
   return success();
 }
 
+Result<void> validate_remote_range(bool is_put, std::uint64_t remote_addr, std::uint64_t len, std::uint64_t key_addr,
+                                   std::uint64_t key_len, Access key_access) {
+  if (remote_addr < key_addr) return fail(errc::out_of_range, "remote address below the key's range");
+  CORMA_TRY(validate_slice(remote_addr - key_addr, len, key_len));
+  if (is_put && !access_allows(key_access, Access::remote_read_write)) {
+    return fail(errc::not_owned, "the key's region takes no puts (registered without remote write)");
+  }
+  return success();
+}
+
 Result<void> validate_atomic_word(std::uint64_t remote_addr, std::uint64_t region_addr, std::uint64_t region_len,
                                   Access region_access) {
   if (remote_addr % atomic_word_size != 0) {

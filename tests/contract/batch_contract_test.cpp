@@ -63,6 +63,36 @@ void set_up(const ContractParam& param, std::size_t size, Mapped& m) {
   m.local = std::move(local).value();
 }
 
+/// One element of a batch and what it must end with.
+struct BatchCase {
+  TransferRequest request;
+  std::optional<errc> expected;  ///< nullopt: succeeds
+  const std::byte* local_base;   ///< the local region's memory
+};
+
+/// Runs `cases` as one batch of gets (or puts): each good element moved its
+/// bytes, each bad one failed with its own error.
+void expect_batch_outcome(RdmaBackend& initiator, const std::vector<BatchCase>& cases, bool is_put) {
+  TransferBatch batch;
+  for (const auto& c : cases) batch.push_back(c.request);
+  auto outcome = is_put ? put_batch(initiator, batch) : get_batch(initiator, batch);
+  ASSERT_TRUE(outcome) << describe(outcome);
+  expect_well_formed(outcome.value(), cases.size());
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const auto failure = failure_of(outcome.value(), i);
+    const auto& r = cases[i].request;
+    if (!cases[i].expected) {
+      EXPECT_FALSE(failure) << "element " << i << ": " << failure->message();
+      EXPECT_TRUE(
+          same_bytes(cases[i].local_base + r.local_offset, reinterpret_cast<const std::byte*>(r.remote_addr), r.len))
+          << "element " << i << " did not move its bytes";
+    } else {
+      ASSERT_TRUE(failure) << "element " << i << " succeeded";
+      EXPECT_TRUE(failure->is(*cases[i].expected)) << "element " << i << ": " << failure->message();
+    }
+  }
+}
+
 // ===========================================================================
 // Every element lands, and each bad one is named with its own error.
 // ===========================================================================
@@ -113,52 +143,89 @@ TEST_P(BackendContract, BatchReportsEachBadElementAndRunsTheGoodOnes) {
   fill(m.remote_buffer.data(), size, 17);
   fill(m.local_buffer.data(), size, 18);
 
-  struct Case {
-    TransferRequest request;
-    std::optional<errc> expected;  // nullopt: succeeds
-  };
-  std::vector<Case> cases;
-  cases.push_back({m.element(0, 0, 512), std::nullopt});
-  cases.push_back({m.element(0, 0, 0), errc::out_of_range});                 // empty
-  cases.push_back({m.element(size - 8, 0, 16), errc::out_of_range});         // past the local region
-  cases.push_back({m.element(1024, size - 8, 16), errc::out_of_range});      // past the remote key
-  cases.push_back({m.element(2048, 4096, 512), std::nullopt});
+  std::vector<BatchCase> cases;
+  const auto* local = m.local_buffer.data();
+  cases.push_back({m.element(0, 0, 512), std::nullopt, local});
+  cases.push_back({m.element(0, 0, 0), errc::out_of_range, local});                 // empty
+  cases.push_back({m.element(size - 8, 0, 16), errc::out_of_range, local});         // past the local region
+  cases.push_back({m.element(1024, size - 8, 16), errc::out_of_range, local});      // past the remote key
+  cases.push_back({m.element(2048, 4096, 512), std::nullopt, local});
   auto unknown_region = m.element(0, 0, 8);
   unknown_region.local = RegionId{u64_max};
-  cases.push_back({unknown_region, errc::region_not_found});
+  cases.push_back({unknown_region, errc::region_not_found, local});
   auto unknown_peer = m.element(0, 0, 8);
   unknown_peer.peer = PeerId{u64_max};
-  cases.push_back({unknown_peer, errc::peer_unreachable});
+  cases.push_back({unknown_peer, errc::peer_unreachable, local});
   auto garbage_key = m.element(0, 0, 8);
   garbage_key.key = PackedKey(24, std::byte{0x5a});
-  cases.push_back({garbage_key, errc::invalid_key});
-  cases.push_back({m.element(8192, 8192, 4096), std::nullopt});
+  cases.push_back({garbage_key, errc::invalid_key, local});
+  cases.push_back({m.element(8192, 8192, 4096), std::nullopt, local});
 
   for (const bool is_put : {false, true}) {
     SCOPED_TRACE(is_put ? "put batch" : "get batch");
-    TransferBatch batch;
-    for (const auto& c : cases) batch.push_back(c.request);
-    auto outcome = is_put ? put_batch(initiator, batch) : get_batch(initiator, batch);
-    ASSERT_TRUE(outcome) << describe(outcome);
-    expect_well_formed(outcome.value(), cases.size());
-    for (std::size_t i = 0; i < cases.size(); ++i) {
-      const auto failure = failure_of(outcome.value(), i);
-      if (!cases[i].expected) {
-        EXPECT_FALSE(failure) << "element " << i << ": " << failure->message();
-        const auto& r = cases[i].request;
-        const auto* remote = reinterpret_cast<const std::byte*>(r.remote_addr);
-        EXPECT_TRUE(same_bytes(m.local_buffer.data() + r.local_offset, remote, r.len))
-            << "element " << i << " did not move its bytes";
-      } else {
-        ASSERT_TRUE(failure) << "element " << i << " succeeded";
-        EXPECT_TRUE(failure->is(*cases[i].expected)) << "element " << i << ": " << failure->message();
-      }
-    }
+    expect_batch_outcome(initiator, cases, is_put);
     fill(m.local_buffer.data(), size, is_put ? 19 : 20);
   }
   EXPECT_EQ(initiator.live_registrations(), 1u);
   EXPECT_TRUE(unmap(initiator, m.local.id));
   EXPECT_TRUE(unmap(*m.pair.target.backend, m.remote.id));
+}
+
+// A batch to one peer whose elements alternate between two local regions
+// and two of the peer's keys, one of them read-only, with bad elements
+// among them: each bad one is refused by its index and moves nothing, the
+// others land, and every region is released once the batch is answered.
+TEST_P(BackendContract, BatchOverSeveralRegionsAndKeysRefusesEachBadElementAlone) {
+  constexpr std::size_t size = 64 * KiB;
+  Mapped m;
+  ASSERT_NO_FATAL_FAILURE(set_up(GetParam(), size, m));
+  auto& initiator = *m.pair.initiator.backend;
+  auto& target = *m.pair.target.backend;
+  auto second_local_buffer = OwnedBuffer::allocate(size);
+  auto second_local = map(initiator, second_local_buffer.data(), size, Access::local);
+  ASSERT_TRUE(second_local) << describe(second_local);
+  auto read_only_buffer = OwnedBuffer::allocate(size);
+  auto read_only = map(target, read_only_buffer.data(), size, Access::remote_read);
+  ASSERT_TRUE(read_only) << describe(read_only);
+  fill(m.remote_buffer.data(), size, 61);
+  fill(read_only_buffer.data(), size, 62);
+  const auto read_only_bytes = copy_of(read_only_buffer.data(), size);
+
+  const auto on_second_region = [&](TransferRequest r) {
+    r.local = second_local.value().id;
+    return r;
+  };
+  const auto from_read_only = [&](std::uint64_t local_offset, std::uint64_t remote_offset, std::uint64_t len) {
+    return TransferRequest{m.pair.peer, m.local.id, local_offset, address(read_only_buffer.data()) + remote_offset,
+                           len, read_only.value().packed_key};
+  };
+  for (const bool is_put : {false, true}) {
+    SCOPED_TRACE(is_put ? "put batch" : "get batch");
+    fill(m.local_buffer.data(), size, is_put ? 63 : 64);
+    fill(second_local_buffer.data(), size, is_put ? 65 : 66);
+    const std::vector<BatchCase> cases{
+        {m.element(0, 0, 4096), std::nullopt, m.local_buffer.data()},
+        {on_second_region(m.element(4096, 8192, 4096)), std::nullopt, second_local_buffer.data()},
+        {from_read_only(8192, 0, 4096), is_put ? std::optional(errc::not_owned) : std::nullopt,
+         m.local_buffer.data()},
+        {m.element(size - 8, 0, 16), errc::out_of_range, m.local_buffer.data()},
+        {on_second_region(m.element(0, size - 8, 16)), errc::out_of_range, second_local_buffer.data()},
+        {from_read_only(16384, 16384, 4096), is_put ? std::optional(errc::not_owned) : std::nullopt,
+         m.local_buffer.data()},
+        {on_second_region(m.element(32768, 32768, 4096)), std::nullopt, second_local_buffer.data()},
+    };
+    expect_batch_outcome(initiator, cases, is_put);
+    if (is_put) {
+      EXPECT_TRUE(same_bytes(read_only_buffer.data(), read_only_bytes.data(), size))
+          << "a put refused by its key's access reached the peer's memory";
+    }
+  }
+  // Nothing of the batch pins a region any more.
+  EXPECT_TRUE(unmap(initiator, second_local.value().id));
+  EXPECT_TRUE(unmap(initiator, m.local.id));
+  EXPECT_EQ(initiator.live_registrations(), 0u);
+  EXPECT_TRUE(unmap(target, read_only.value().id));
+  EXPECT_TRUE(unmap(target, m.remote.id));
 }
 
 TEST_P(BackendContract, EmptyAndOversizedBatchesAreAnsweredWhole) {
@@ -371,6 +438,11 @@ TEST_P(BackendContract, PeerShutdownDuringABatchAnswersItWithinTheBound) {
   ASSERT_TRUE(warm) << describe(warm);
   TransferBatch batch;
   for (std::size_t i = 0; i < elements; ++i) batch.push_back(m.element(i * slot, i * slot, slot));
+  // Refused before anything is posted: whatever happens to the others, these
+  // keep their own errors (they never reached the provider).
+  batch.push_back(m.element(0, 0, 0));
+  batch.push_back(m.element(slot * elements - 8, 0, 16));
+  const std::size_t refused_from = elements;
 
   Answer<BatchOutcome> pending;
   Answer<void> target_down;
@@ -384,9 +456,14 @@ TEST_P(BackendContract, PeerShutdownDuringABatchAnswersItWithinTheBound) {
   ASSERT_TRUE(outcome.has_value()) << "the batch was not answered within " << limit.count()
                                    << " ms of its peer shutting down";
   ASSERT_TRUE(*outcome) << describe(*outcome);
-  expect_well_formed(outcome->value(), elements);
+  expect_well_formed(outcome->value(), batch.size());
   for (const auto& failure : outcome->value().failures) {
     EXPECT_EQ(failure.error.code.category(), corma::error_category()) << failure.error.message();
+  }
+  for (std::size_t i = refused_from; i < batch.size(); ++i) {
+    const auto failure = failure_of(outcome->value(), i);
+    ASSERT_TRUE(failure) << "bad element " << i << " succeeded";
+    EXPECT_TRUE(failure->is(errc::out_of_range)) << "element " << i << ": " << failure->message();
   }
   const auto down = target_down.wait();
   ASSERT_TRUE(down.has_value());
@@ -395,7 +472,7 @@ TEST_P(BackendContract, PeerShutdownDuringABatchAnswersItWithinTheBound) {
   // Once the peer is gone, every element of a new batch fails.
   auto after = get_batch(initiator, batch, limit);
   ASSERT_TRUE(after) << describe(after);
-  EXPECT_EQ(after.value().failures.size(), elements) << "an element read from a peer that shut down";
+  EXPECT_EQ(after.value().failures.size(), batch.size()) << "an element read from a peer that shut down";
   EXPECT_EQ(pending.calls(), 1);
   // The initiator's shutdown releases whatever a dead peer's transfers held.
   auto initiator_down = call<void>([&](auto h) { initiator.async_shutdown(std::move(h)); });

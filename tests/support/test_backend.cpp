@@ -427,8 +427,8 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
     CORMA_TRY(validate_slice(req.local_offset, req.len, local->second.len));
     CORMA_TRY(auto* peer, connected_peer(req.peer));
     CORMA_TRY(op.key, find_key(*peer, req.key));
-    if (req.remote_addr < op.key.addr) return fail(errc::out_of_range, "remote address below the key's range");
-    CORMA_TRY(validate_slice(req.remote_addr - op.key.addr, req.len, op.key.len));
+    CORMA_TRY(validate_remote_range(op.kind == Kind::put, req.remote_addr, req.len, op.key.addr, op.key.len,
+                                    static_cast<Access>(op.key.access)));
     ++local->second.transfers;
     return success();
   }

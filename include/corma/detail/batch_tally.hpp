@@ -33,6 +33,22 @@ class BatchTally {
     if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1) completion_.dispatch(outcome());
   }
 
+  /// Elements that ran as one transfer ended together: the `reports` of
+  /// them that were not refused one by one (element_done) end with
+  /// `result`. On failure each of those gets its error: every element among
+  /// `indices` (their indices in the batch) without one yet. Called on the
+  /// thread the elements report on.
+  template <class Indices>
+  void run_done(const Indices& indices, std::size_t reports, Result<void> result) {
+    if (reports == 0) return;
+    if (!result) {
+      for (const auto index : indices) {
+        if (!errors_[index]) errors_[index] = result.error();
+      }
+    }
+    if (remaining_.fetch_sub(reports, std::memory_order_acq_rel) == reports) completion_.dispatch(outcome());
+  }
+
   /// How element `index` failed, if it has: read only on the thread the
   /// elements report on (a backend's progress thread), after the report.
   [[nodiscard]] const std::optional<Error>& error_of(std::size_t index) const noexcept { return errors_[index]; }

@@ -180,6 +180,16 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   /// The local half of admitting a transfer: open, non-empty, its region
   /// registered and not unmapping, its slice inside. Does not pin.
   Result<Region*> admit_local(const TransferRequest& request);
+  /// The region the last element of a batch named, for the next one.
+  struct LastRegion {
+    RegionId id{};
+    Region* region = nullptr;
+  };
+  /// admit_local for the elements of a batch, one after another: an element
+  /// naming the same region as the one before it costs no look-up.
+  Result<Region*> admit_local(const TransferRequest& request, LastRegion& last);
+  /// A transfer admitted on region `id` holds it: an unmap waits for it.
+  void pin(RegionId id);
   /// The transfer that pinned `id` is over: an unmap waiting for it runs.
   void unpin(RegionId id);
   /// Stops the deadline sweep (the provider is being torn down).

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <ranges>
 #include <type_traits>
 #include <vector>
 
@@ -75,6 +76,23 @@ struct TransferOp : VoidOp {
   std::chrono::steady_clock::time_point deadline;
   std::shared_ptr<detail::BatchTally> batch;
   std::size_t batch_index = 0;
+
+  // A batch run as one transfer (TransferEngine::runs_whole_batches): its
+  // elements, all gets or all puts to `request.peer`, admitted together,
+  // tracked as this one op, posted in one loop and answered together.
+  bool whole_batch = false;
+  TransferBatch run;
+  /// Each element's index in the batch; empty when `run` is the whole batch.
+  std::vector<std::uint32_t> run_indices;
+  /// The elements this op still answers for: those not refused one by one.
+  std::size_t run_reports = 0;
+  /// The local regions the run pins, each once (`request.local` is unused).
+  std::vector<RegionId> run_pins;
+
+  /// Element `i` of the run's index in its batch.
+  [[nodiscard]] std::size_t run_index(std::size_t i) const noexcept {
+    return run_indices.empty() ? i : run_indices[i];
+  }
 };
 
 /// A batch of gets or puts: each element is a transfer op of its own,
@@ -113,6 +131,13 @@ void answer(Op& op, T&& result) {
   if (op.answered) return;
   op.answered = true;
   if constexpr (std::is_base_of_v<TransferOp, Op>) {
+    if (op.batch && op.whole_batch) {
+      if (op.run_indices.empty()) {
+        return op.batch->run_done(std::views::iota(std::size_t{0}, op.run.size()), op.run_reports,
+                                  Result<void>(std::forward<T>(result)));
+      }
+      return op.batch->run_done(op.run_indices, op.run_reports, Result<void>(std::forward<T>(result)));
+    }
     if (op.batch) return op.batch->element_done(op.batch_index, Result<void>(std::forward<T>(result)));
     if (op.kind == TransferKind::atomic) {
       Result<void> outcome(std::forward<T>(result));

@@ -11,7 +11,9 @@
 
 #include <boost/asio/recycling_allocator.hpp>
 
+#include <algorithm>
 #include <type_traits>
+#include <unordered_map>
 #include <vector>
 
 namespace corma::backend_kit {
@@ -83,19 +85,27 @@ class TransferEngine : public EngineCore {
     if (batch.empty() && !notification) return op->tally.answer_empty(progress_executor());
     const std::shared_ptr<detail::BatchTally> tally(op, &op->tally);
     std::vector<std::shared_ptr<Op>> elements;
-    elements.reserve(transfers + 1);
-    op->elements.reserve(transfers + 1);
     const auto add = [&](std::shared_ptr<Op> element) {
       element->batch = tally;
       element->batch_index = elements.size();
       op->elements.push_back(element);
       elements.push_back(std::move(element));
     };
-    for (auto& request : batch) {
-      auto element = make_op();
-      element->kind = is_put ? TransferKind::put : TransferKind::get;
-      element->request = std::move(request);
-      add(std::move(element));
+    const auto kind = is_put ? TransferKind::put : TransferKind::get;
+    if (runs_whole_batches()) {
+      auto runs = runs_by_peer(kind, std::move(batch));
+      elements.reserve(runs.size() + 1);
+      op->elements.reserve(runs.size() + 1);
+      for (auto& run : runs) add(std::move(run));
+    } else {
+      elements.reserve(transfers + 1);
+      op->elements.reserve(transfers + 1);
+      for (auto& request : batch) {
+        auto element = make_op();
+        element->kind = kind;
+        element->request = std::move(request);
+        add(std::move(element));
+      }
     }
     if (notification) {
       auto element = make_op();
@@ -103,6 +113,7 @@ class TransferEngine : public EngineCore {
       element->request.peer = notification->peer;
       element->tag = notification->tag;
       add(std::move(element));
+      elements.back()->batch_index = transfers;  // after every transfer, however they run
     }
     // Like a single transfer's: the elements' bytes may still land.
     watch_cancellation(op, detail::terminal_only, [this](const std::shared_ptr<BatchOp<Op>>& o) {
@@ -132,6 +143,16 @@ class TransferEngine : public EngineCore {
   /// before is complete there; answered once the target queued it (or
   /// refused it: deliver_notification's answer on that side).
   virtual void run_notify(const std::shared_ptr<Op>& op) = 0;
+  /// Whether the provider runs a batch's elements to one peer as one
+  /// transfer (run_whole_batch) rather than one by one (run_transfer).
+  [[nodiscard]] virtual bool runs_whole_batches() const noexcept { return false; }
+  /// Admits every element of `op->run` (refusing each bad one by index with
+  /// refuse_element, before anything is posted), pins and tracks the rest
+  /// as one transfer (track_run), posts them and answers `op` once they all
+  /// ended; or answers `op` whole when none of it may run.
+  virtual void run_whole_batch(const std::shared_ptr<Op>& op) {
+    answer(*op, fail(errc::not_configured, settings.name + " backend runs batches element by element"));
+  }
   /// The provider cannot stop a posted transfer: the caller is released, the
   /// region stays pinned until the transfer really ends.
   virtual void cancel_transfer(const std::shared_ptr<Op>& op) {
@@ -156,6 +177,26 @@ class TransferEngine : public EngineCore {
     op->deadline = deadline_from_now();
     note_transfer_started(nullptr);
   }
+  /// Records an admitted run (run_whole_batch): one table entry, its
+  /// deadline, each distinct local region in `op->run_pins` pinned once.
+  void track_run(const std::shared_ptr<Op>& op) {
+    auto& pins = op->run_pins;
+    std::sort(pins.begin(), pins.end());
+    pins.erase(std::unique(pins.begin(), pins.end()), pins.end());
+    for (const auto region : pins) pin(region);
+    track(op);
+  }
+  /// Element `i` of a run never reaches the provider: it is answered now,
+  /// with `error`, by its index in the batch.
+  static void refuse_element(Op& op, std::size_t i, Error error) {
+    --op.run_reports;
+    op.batch->element_done(op.run_index(i), std::move(error));
+  }
+  /// The transfer ended for the provider: the regions it pinned are let go.
+  void unpin_transfer(const Op& op) {
+    if (!op.whole_batch) return unpin(op.request.local);
+    for (const auto region : op.run_pins) unpin(region);
+  }
   /// Removes a transfer from the table; null when unknown. Still pinned.
   std::shared_ptr<Op> untrack(std::uint64_t id) {
     auto op = transfers_.take(id);
@@ -174,6 +215,38 @@ class TransferEngine : public EngineCore {
  private:
   static std::shared_ptr<Op> make_op() { return std::allocate_shared<Op>(asio::recycling_allocator<Op>()); }
 
+  static std::shared_ptr<Op> make_run(TransferKind kind, PeerId peer) {
+    auto run = make_op();
+    run->kind = kind;
+    run->whole_batch = true;
+    run->request.peer = peer;
+    return run;
+  }
+
+  /// A batch's elements as one run per peer, in the order each peer first
+  /// appears. A batch to one peer (the usual one) moves whole into its run.
+  static std::vector<std::shared_ptr<Op>> runs_by_peer(TransferKind kind, TransferBatch batch) {
+    std::vector<std::shared_ptr<Op>> runs;
+    const PeerId first = batch.front().peer;
+    const bool one_peer = std::all_of(batch.begin(), batch.end(), [&](const auto& r) { return r.peer == first; });
+    if (one_peer) {
+      runs.push_back(make_run(kind, first));
+      runs.back()->run = std::move(batch);
+    } else {
+      std::unordered_map<std::uint64_t, std::size_t> run_of_peer;
+      for (std::size_t i = 0; i < batch.size(); ++i) {
+        const PeerId peer = batch[i].peer;
+        auto [at, added] = run_of_peer.try_emplace(static_cast<std::uint64_t>(peer), runs.size());
+        if (added) runs.push_back(make_run(kind, peer));
+        auto& run = *runs[at->second];
+        run.run.push_back(std::move(batch[i]));
+        run.run_indices.push_back(static_cast<std::uint32_t>(i));
+      }
+    }
+    for (auto& run : runs) run->run_reports = run->run.size();
+    return runs;
+  }
+
   /// Runs each element as a single transfer (a cancelled batch's elements
   /// answer `cancelled` before they run). A trailing notification runs
   /// after every put, unless a put to its peer was refused before it was
@@ -182,6 +255,10 @@ class TransferEngine : public EngineCore {
     const bool cancelled = op.cancelled.load(std::memory_order_acquire);
     for (const auto& element : elements) {
       if (cancelled) element->cancelled.store(true, std::memory_order_release);
+      if (element->whole_batch) {
+        run_whole_batch(element);
+        continue;
+      }
       if (element->kind != TransferKind::notify) {
         run_transfer(element);
         continue;
@@ -199,8 +276,16 @@ class TransferEngine : public EngineCore {
   static std::optional<Error> refused_put_to(const detail::BatchTally& tally,
                                              const std::vector<std::shared_ptr<Op>>& elements, PeerId peer) {
     for (const auto& element : elements) {
-      if (element->kind != TransferKind::put || element->request.peer != peer || !element->answered) continue;
-      if (const auto& error = tally.error_of(element->batch_index)) return *error;
+      if (element->kind != TransferKind::put || element->request.peer != peer) continue;
+      if (!element->whole_batch) {
+        if (!element->answered) continue;
+        if (const auto& error = tally.error_of(element->batch_index)) return *error;
+        continue;
+      }
+      // A run's elements refused by index (or all of them, answered whole).
+      for (std::size_t i = 0; i < element->run.size(); ++i) {
+        if (const auto& error = tally.error_of(element->run_index(i))) return *error;
+      }
     }
     return std::nullopt;
   }
