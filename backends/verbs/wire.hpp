@@ -23,7 +23,8 @@ struct RemoteKey {
   std::uint64_t addr = 0;
   std::uint64_t len = 0;
   /// What the owner registered the range for: lets the initiator refuse an
-  /// atomic on a region without Access::remote_atomic before the NIC would.
+  /// atomic on a region without Access::remote_atomic, or a put on one
+  /// without remote write, before the NIC would.
   Access access = Access::remote_read;
 };
 

@@ -301,10 +301,28 @@ TEST_F(VerbsBackend, OutOfMemoryOnRegistrationIsABackendErrorAndReleasesTheBudge
   EXPECT_GE(registry.stats().registered_bytes, 64u * 1024) << "the page-enclosing length is charged";
 }
 
-TEST_F(VerbsBackend, APutIntoMemoryExportedForReadOnlyIsRefusedByTheNic) {
+TEST_F(VerbsBackend, APutThroughAReadOnlyKeyIsRefusedBeforeItIsPosted) {
   const auto l = link(4096, 8);  // exported for remote read only
   const auto original = l.source;
   PutRequest put{l.peer, l.local.id, 0, address(l.source), 4096, l.remote.packed_key};
+  auto r = answered(l.a->async_put(std::move(put), asio::use_future));
+  ASSERT_FALSE(r);
+  EXPECT_TRUE(r.error().is(errc::not_owned)) << r.error().message();
+  EXPECT_EQ(l.source, original) << "a refused put must not change a byte";
+  // Refused on this side: the queue pair is still up for the next transfer.
+  GetRequest get{l.peer, l.local.id, 0, address(l.source), 4096, l.remote.packed_key};
+  EXPECT_TRUE(answered(l.a->async_get(std::move(get), asio::use_future)));
+}
+
+TEST_F(VerbsBackend, APutIntoMemoryExportedForReadOnlyIsRefusedByTheNic) {
+  const auto l = link(4096, 8);  // exported for remote read only
+  const auto original = l.source;
+  // A key forged to claim remote write passes this side's check: the NIC's
+  // access check is what stops the put.
+  const auto rkey = fabric.rkey_of(l.source.data());
+  ASSERT_TRUE(rkey.has_value());
+  const auto forged = wire::encode_key({*rkey, address(l.source), l.source.size(), Access::remote_read_write});
+  PutRequest put{l.peer, l.local.id, 0, address(l.source), 4096, forged};
   auto r = answered(l.a->async_put(std::move(put), asio::use_future));
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().cause.value(), IBV_WC_REM_ACCESS_ERR) << r.error().message();
