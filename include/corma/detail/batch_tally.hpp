@@ -33,17 +33,18 @@ class BatchTally {
     if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1) completion_.dispatch(outcome());
   }
 
-  /// Elements that ran as one transfer ended together: the `reports` of
-  /// them that were not refused one by one (element_done) end with
-  /// `result`. On failure each of those gets its error: every element among
-  /// `indices` (their indices in the batch) without one yet. Called on the
-  /// thread the elements report on.
-  template <class Indices>
-  void run_done(const Indices& indices, std::size_t reports, Result<void> result) {
+  /// `count` elements that ran as one transfer ended together, element i
+  /// at index `index_of(i)` in the batch: the `reports` of them that were
+  /// not refused one by one (element_done) end with `result`. On failure
+  /// each of those gets its error: every one of them without one yet.
+  /// Called on the thread the elements report on.
+  template <class IndexOf>
+  void run_done(std::size_t count, IndexOf index_of, std::size_t reports, Result<void> result) {
     if (reports == 0) return;
     if (!result) {
-      for (const auto index : indices) {
-        if (!errors_[index]) errors_[index] = result.error();
+      for (std::size_t i = 0; i < count; ++i) {
+        auto& error = errors_[index_of(i)];
+        if (!error) error = result.error();
       }
     }
     if (remaining_.fetch_sub(reports, std::memory_order_acq_rel) == reports) completion_.dispatch(outcome());

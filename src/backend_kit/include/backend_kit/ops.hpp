@@ -14,7 +14,6 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
-#include <ranges>
 #include <type_traits>
 #include <vector>
 
@@ -132,11 +131,9 @@ void answer(Op& op, T&& result) {
   op.answered = true;
   if constexpr (std::is_base_of_v<TransferOp, Op>) {
     if (op.batch && op.whole_batch) {
-      if (op.run_indices.empty()) {
-        return op.batch->run_done(std::views::iota(std::size_t{0}, op.run.size()), op.run_reports,
-                                  Result<void>(std::forward<T>(result)));
-      }
-      return op.batch->run_done(op.run_indices, op.run_reports, Result<void>(std::forward<T>(result)));
+      return op.batch->run_done(
+          op.run.size(), [&op](std::size_t i) { return op.run_index(i); }, op.run_reports,
+          Result<void>(std::forward<T>(result)));
     }
     if (op.batch) return op.batch->element_done(op.batch_index, Result<void>(std::forward<T>(result)));
     if (op.kind == TransferKind::atomic) {
