@@ -16,7 +16,7 @@ int main(int argc, char** argv) {
   app.add_option("--rounds", options.rounds, "alternating rounds per point")->check(CLI::Range(1, 1000));
   app.add_option("--scale", options.bytes_scale, "scales the work per round")->check(CLI::Range(0.01, 100.0));
   app.add_option("--only", options.only,
-                 "scenarios: registration arena_allocate get_bandwidth get_latency small_get_rate get_batch end_to_end_fetch fetch_many parallel_fetch put_batch atomic_latency atomic_rate put_notify_latency push_fetch directory_resolve directory_failover file_fetch across_link acquire_many registry_bookkeeping idle_cpu");
+                 "scenarios: registration arena_allocate get_bandwidth get_latency small_get_rate get_batch end_to_end_fetch fetch_many parallel_fetch put_batch get_strided put_strided atomic_latency atomic_rate put_notify_latency push_fetch directory_resolve directory_failover file_fetch across_link acquire_many registry_bookkeeping idle_cpu");
   app.add_option("--json", json_path, "write the results as JSON");
   app.add_option("--markdown", markdown_path, "write the results as a Markdown table");
   CLI11_PARSE(app, argc, argv);

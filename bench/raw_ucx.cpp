@@ -189,6 +189,33 @@ double raw_batches(RawWorker& worker, ucp_ep_h ep, std::byte* local, std::uint64
   return std::chrono::duration<double>(clock::now() - start).count();
 }
 
+double raw_strided(RawWorker& worker, ucp_ep_h ep, std::byte* local, std::uint64_t remote, ucp_rkey_h rkey,
+                   const StridedShape& shape, std::size_t rounds, bool puts) {
+  std::size_t done = 0;
+  ucp_request_param_t counted{};
+  counted.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  counted.cb.send = &count_done;
+  counted.user_data = &done;
+  ucp_request_param_t bare{};
+  const auto start = std::chrono::steady_clock::now();
+  for (std::size_t round = 0; round < rounds; ++round) {
+    done = 0;
+    for (std::size_t i = 0; i < shape.blocks; ++i) {
+      std::byte* here = local + i * shape.local_stride;
+      const std::uint64_t there = remote + i * shape.remote_stride;
+      void* request = puts ? ucp_put_nbx(ep, here, shape.size, there, rkey, &bare)
+                           : ucp_get_nbx(ep, here, shape.size, there, rkey, &bare);
+      if (UCS_PTR_IS_ERR(request)) throw std::runtime_error(puts ? "ucp_put_nbx failed" : "ucp_get_nbx failed");
+      if (request != nullptr) ucp_request_free(request);  // UCX releases it when it completes
+    }
+    void* flush = ucp_ep_flush_nbx(ep, &counted);
+    if (UCS_PTR_IS_ERR(flush)) throw std::runtime_error("ucp_ep_flush_nbx failed");
+    if (flush == nullptr) done = 1;
+    while (done < 1) ucp_worker_progress(worker.worker());
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 double raw_map_unmap_us(RawWorker& worker, void* address, std::size_t size, int ops) {
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < ops; ++i) {

@@ -99,4 +99,19 @@ double raw_get_loop(RawWorker& worker, ucp_ep_h ep, std::byte* local, std::uint6
 double raw_batches(RawWorker& worker, ucp_ep_h ep, std::byte* local, std::uint64_t remote, ucp_rkey_h rkey,
                    std::size_t size, std::size_t batch, std::size_t batches, bool puts);
 
+/// The shape of a strided transfer: `blocks` blocks of `size` bytes, block i
+/// at i * local_stride here and i * remote_stride there.
+struct StridedShape {
+  std::size_t size = 0;
+  std::size_t blocks = 0;
+  std::size_t local_stride = 0;
+  std::size_t remote_stride = 0;
+};
+
+/// `rounds` strided gets (or puts) as a careful hand-written loop would do
+/// them: every block posted one by one with no callback, one endpoint flush
+/// behind them, waited for; returns the elapsed seconds.
+double raw_strided(RawWorker& worker, ucp_ep_h ep, std::byte* local, std::uint64_t remote, ucp_rkey_h rkey,
+                   const StridedShape& shape, std::size_t rounds, bool puts);
+
 }  // namespace corma::bench

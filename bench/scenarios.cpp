@@ -101,35 +101,66 @@ double corma_get_loop(CormaPair& pair, std::size_t size, std::size_t window, std
   return std::chrono::duration<double>(clock_type::now() - start).count();
 }
 
-/// `batches` batches of `batch` gets (or puts) of `size` through corma
-/// (element i at offset i * size on both sides), each submitted from the
-/// previous one's completion on the progress thread. Returns seconds.
-double corma_batches(CormaPair& pair, std::size_t size, std::size_t batch, std::size_t batches, bool puts) {
-  TransferBatch prepared;
-  for (std::size_t i = 0; i < batch; ++i) {
-    prepared.push_back(pair.get(i * size, size));
-  }
+/// Runs `rounds` operations one after another, each started from the
+/// previous one's completion (on the progress thread): `start(next)` starts
+/// one, whose completion calls `next()`. Returns seconds.
+template <class Start>
+double chained_rounds(std::size_t rounds, Start start) {
   std::promise<void> done;
-  std::size_t left = batches;
+  std::size_t left = rounds;
   std::function<void()> submit = [&] {
-    auto answered = [&](Result<BatchOutcome> outcome) {
-      if (!outcome || !outcome.value().all_succeeded()) throw std::runtime_error("corma batch failed");
+    start([&] {
       if (--left == 0) {
         done.set_value();
       } else {
         submit();
       }
+    });
+  };
+  const auto began = clock_type::now();
+  submit();
+  done.get_future().get();
+  return std::chrono::duration<double>(clock_type::now() - began).count();
+}
+
+/// `batches` batches of `batch` gets (or puts) of `size` through corma
+/// (element i at offset i * size on both sides), chained. Returns seconds.
+double corma_batches(CormaPair& pair, std::size_t size, std::size_t batch, std::size_t batches, bool puts) {
+  TransferBatch prepared;
+  for (std::size_t i = 0; i < batch; ++i) {
+    prepared.push_back(pair.get(i * size, size));
+  }
+  return chained_rounds(batches, [&](auto next) {
+    auto answered = [next](Result<BatchOutcome> outcome) {
+      if (!outcome || !outcome.value().all_succeeded()) throw std::runtime_error("corma batch failed");
+      next();
     };
     if (puts) {
       pair.initiator->async_put_batch(prepared, std::move(answered));
     } else {
       pair.initiator->async_get_batch(prepared, std::move(answered));
     }
-  };
-  const auto start = clock_type::now();
-  submit();
-  done.get_future().get();
-  return std::chrono::duration<double>(clock_type::now() - start).count();
+  });
+}
+
+/// `rounds` strided gets (or puts) of `shape` through corma, chained.
+/// Returns seconds.
+double corma_strided(CormaPair& pair, const StridedShape& shape, std::size_t rounds, bool puts) {
+  auto request = pair.get(0, shape.size);
+  request.blocks = shape.blocks;
+  request.local_stride = shape.local_stride;
+  request.remote_stride = shape.remote_stride;
+  return chained_rounds(rounds, [&](auto next) {
+    auto answered = [next](Result<void> moved) {
+      if (!moved) throw std::runtime_error("corma strided transfer failed: " + moved.error().message());
+      next();
+    };
+    if (puts) {
+      pair.initiator->async_put(request, std::move(answered));
+    } else {
+      pair.initiator->async_get(request, std::move(answered));
+    }
+  });
 }
 
 double raw_round(RawPair& raw, std::byte* local, std::size_t size, std::size_t window, std::size_t total,
@@ -271,6 +302,27 @@ Measurement transfer_batch(const Options& options, const std::string& transport,
   const double floor = size >= 64 * KiB ? 0.95 : 0.85;
   m.target = "ratio >= " + std::to_string(floor).substr(0, 4);
   m.target_met = m.ratio() >= floor;
+  return m;
+}
+
+/// A KV cache's layout: 1024 blocks of 4 KiB, packed here and every other
+/// 4 KiB there, as one strided transfer against raw UCX posting the same
+/// blocks one by one with one flush.
+Measurement strided_transfer(const Options& options, const std::string& transport, CormaPair& corma, RawPair& raw,
+                             std::byte* local, bool puts) {
+  const StridedShape shape{4 * KiB, 1024, 4 * KiB, 8 * KiB};
+  Measurement m{puts ? "put_strided" : "get_strided", transport, "blocks=1024 size=4KiB", "GB/s", true, {}, {}, {},
+                true};
+  const std::size_t rounds = static_cast<std::size_t>(64 * options.bytes_scale) + 8;
+  const double bytes = static_cast<double>(rounds * shape.blocks * shape.size);
+  for (int r = 0; r < options.rounds; ++r) {
+    m.corma.push_back(bytes / corma_strided(corma, shape, rounds, puts) / 1e9);
+    RawProgressThread target(raw.target);
+    const auto remote = reinterpret_cast<std::uint64_t>(raw.remote_memory);
+    m.raw.push_back(bytes / raw_strided(raw.initiator, raw.ep, local, remote, raw.rkey, shape, rounds, puts) / 1e9);
+  }
+  m.target = "ratio >= 1.00";
+  m.target_met = m.ratio() >= 1.0;
   return m;
 }
 
@@ -489,7 +541,8 @@ std::vector<Measurement> run_scenarios(const Options& options) {
     if (selected(options, "arena_allocate")) keep(arena_allocate(options, transport));
     const bool transfers = selected(options, "get_bandwidth") || selected(options, "get_latency") ||
                            selected(options, "small_get_rate") || selected(options, "get_batch") ||
-                           selected(options, "put_batch");
+                           selected(options, "put_batch") || selected(options, "get_strided") ||
+                           selected(options, "put_strided");
     if (!transfers) continue;
     constexpr std::size_t region = 16 * MiB;
     auto remote_memory = OwnedBuffer::allocate(region);
@@ -514,6 +567,8 @@ std::vector<Measurement> run_scenarios(const Options& options) {
       }
     }
     if (selected(options, "put_batch")) keep(transfer_batch(options, transport, corma, raw, local_memory.data(), 8, 64, true));
+    if (selected(options, "get_strided")) keep(strided_transfer(options, transport, corma, raw, local_memory.data(), false));
+    if (selected(options, "put_strided")) keep(strided_transfer(options, transport, corma, raw, local_memory.data(), true));
   }
   for (const auto& transport : options.transports) {
     if (selected(options, "atomic_latency")) keep(atomic_latency(options, transport));

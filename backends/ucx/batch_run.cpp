@@ -58,8 +58,7 @@ void Backend::Engine::admit_run(UcxTransferOp& op, Peer& peer) {
         op.run_keys.push_back(std::move(found).value());
       }
     }
-    if (auto inside = validate_remote_range(puts, req.remote_addr, req.len, key->addr(), key->len(), key->access());
-        !inside) {
+    if (auto inside = validate_remote_range(puts, req, key->addr(), key->len(), key->access()); !inside) {
       refuse(std::move(inside).error());
       continue;
     }
@@ -70,20 +69,33 @@ void Backend::Engine::admit_run(UcxTransferOp& op, Peer& peer) {
 
 void Backend::Engine::post_run(UcxTransferOp& op, ucp_ep_h ep) {
   const bool puts = op.kind == backend_kit::TransferKind::put;
-  ucp_request_param_t bare{};  // no callback: the flush behind them answers them
   for (std::size_t i = 0; i < op.run.size(); ++i) {
     const auto& element = admitted[i];
     if (element.local == nullptr) continue;
-    const auto& req = op.run[i];
-    ucs_status_ptr_t handle = puts ? ucp_put_nbx(ep, element.local, req.len, req.remote_addr, element.rkey, &bare)
-                                   : ucp_get_nbx(ep, element.local, req.len, req.remote_addr, element.rkey, &bare);
-    if (UCS_PTR_IS_ERR(handle)) {
+    if (auto posted = post_blocks(ep, puts, op.run[i], element.local, element.rkey); posted.status != UCS_OK) {
       // The rest are not posted; the flush still waits for those that were.
-      op.post_status = UCS_PTR_STATUS(handle);
+      op.post_status = posted.status;
       return;
+    }
+  }
+}
+
+Backend::Engine::Posted Backend::Engine::post_blocks(ucp_ep_h ep, bool put, const TransferRequest& req,
+                                                     std::byte* local, ucp_rkey_h rkey) {
+  ucp_request_param_t bare{};  // no callback: a flush behind them answers them
+  Posted posted;
+  for (; posted.blocks < req.blocks; ++posted.blocks) {
+    std::byte* here = local + posted.blocks * req.local_stride;
+    const std::uint64_t there = req.remote_addr_of(posted.blocks);
+    ucs_status_ptr_t handle =
+        put ? ucp_put_nbx(ep, here, req.len, there, rkey, &bare) : ucp_get_nbx(ep, here, req.len, there, rkey, &bare);
+    if (UCS_PTR_IS_ERR(handle)) {
+      posted.status = UCS_PTR_STATUS(handle);
+      return posted;
     }
     if (handle != nullptr) ucp_request_free(handle);  // UCX releases it when it completes
   }
+  return posted;
 }
 
 }  // namespace corma::ucx

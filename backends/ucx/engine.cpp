@@ -215,7 +215,7 @@ Result<SharedRemoteKey> Backend::Engine::unpack_key(const PackedKey& packed, Pee
 
 Result<SharedRemoteKey> Backend::Engine::remote_key(const TransferRequest& req, bool is_put, Peer& peer) {
   CORMA_TRY(auto key, find_key(req.key, peer));
-  CORMA_TRY(validate_remote_range(is_put, req.remote_addr, req.len, key->addr(), key->len(), key->access()));
+  CORMA_TRY(validate_remote_range(is_put, req, key->addr(), key->len(), key->access()));
   return key;
 }
 
@@ -285,7 +285,11 @@ void Backend::Engine::run_transfer(const std::shared_ptr<UcxTransferOp>& op) {
   std::byte* local = region.value()->addr + req.local_offset;
   ucp_ep_h ep = peer.value()->ep;
   if (op->kind == backend_kit::TransferKind::put) return issue_put(op, ep, local);
-  issued(*op, ucp_get_nbx(ep, local, req.len, req.remote_addr, op->key->handle(), &param));
+  if (req.blocks == 1) return issued(*op, ucp_get_nbx(ep, local, req.len, req.remote_addr, op->key->handle(), &param));
+  // Strided: the blocks go with no callback, and one endpoint flush behind
+  // them (it completes after each of them) answers the transfer.
+  op->post_status = post_blocks(ep, false, req, local, op->key->handle()).status;
+  issued(*op, ucp_ep_flush_nbx(ep, &param));
 }
 
 void Backend::Engine::run_atomic(const std::shared_ptr<UcxTransferOp>& op) {

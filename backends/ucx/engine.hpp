@@ -140,6 +140,15 @@ struct Backend::Engine final : backend_kit::TransferEngine<UcxTransferOp> {
   void admit_run(UcxTransferOp& op, Peer& peer);
   /// The run's admitted elements, posted: stops at the first UCX refuses.
   void post_run(UcxTransferOp& op, ucp_ep_h ep);
+  /// What posting a transfer's blocks did: how many UCX took, and why it
+  /// refused the next one (UCS_OK: it took them all).
+  struct Posted {
+    std::uint64_t blocks = 0;
+    ucs_status_t status = UCS_OK;
+  };
+  /// Posts every block of `req` (one, or its strided blocks) with no
+  /// callback, its first local byte at `local`; stops at the first refused.
+  static Posted post_blocks(ucp_ep_h ep, bool put, const TransferRequest& req, std::byte* local, ucp_rkey_h rkey);
   /// Where each element of the run being admitted goes; kept between
   /// batches so that its capacity is reused.
   std::vector<AdmittedElement> admitted;
@@ -169,7 +178,7 @@ struct Backend::Engine final : backend_kit::TransferEngine<UcxTransferOp> {
   // per progress turn completes every put issued to it in that turn (a
   // batch of puts is one turn's worth), instead of one flush per put.
   /// Issues `op`'s put; it is answered when its peer's next flush ends.
-  void issue_put(const std::shared_ptr<UcxTransferOp>& op, ucp_ep_h ep, const void* local);
+  void issue_put(const std::shared_ptr<UcxTransferOp>& op, ucp_ep_h ep, std::byte* local);
   /// Flushes every peer that had puts issued since the last flush. Runs at
   /// the start of each progress turn and before an endpoint is closed.
   void flush_puts();

@@ -17,13 +17,13 @@ void Backend::Engine::record_puts(const std::vector<std::uint64_t>& ids, ucs_sta
   }
 }
 
-void Backend::Engine::issue_put(const std::shared_ptr<UcxTransferOp>& op, ucp_ep_h ep, const void* local) {
+void Backend::Engine::issue_put(const std::shared_ptr<UcxTransferOp>& op, ucp_ep_h ep, std::byte* local) {
   const auto& req = op->request;
   // No callback: the flush behind it is what answers it.
-  ucp_request_param_t param{};
-  ucs_status_ptr_t put = ucp_put_nbx(ep, local, req.len, req.remote_addr, op->key->handle(), &param);
-  if (UCS_PTR_IS_ERR(put)) return finish_transfer(op->id, UCS_PTR_STATUS(put));
-  if (put != nullptr) ucp_request_free(put);  // UCX releases it when it completes
+  const auto posted = post_blocks(ep, true, req, local, op->key->handle());
+  if (posted.blocks == 0) return finish_transfer(op->id, posted.status);
+  // A strided put cut short still waits for the flush of the blocks it posted.
+  op->post_status = posted.status;
   unflushed_puts.emplace_back(req.peer, op->id);
 }
 

@@ -461,8 +461,7 @@ Result<void> Backend::Engine::admit_remote(VerbsTransferOp& op) const {
   CORMA_TRY(auto key, key_named(req.key, peer->imported));
   // A put through a read-only key would fail on the wire and take the
   // queue pair down with it: refused here instead.
-  CORMA_TRY(validate_remote_range(op.kind == backend_kit::TransferKind::put, req.remote_addr, req.len, key.addr,
-                                  key.len, key.access));
+  CORMA_TRY(validate_remote_range(op.kind == backend_kit::TransferKind::put, req, key.addr, key.len, key.access));
   op.rkey = key.rkey;
   return success();
 }
@@ -499,7 +498,7 @@ void Backend::Engine::run_transfer(const std::shared_ptr<VerbsTransferOp>& op) {
   if (auto remote = admit_remote(*op); !remote) return answer(*op, std::move(remote).error());
   op->lkey = static_cast<ibv_mr*>(region.value()->handle)->lkey;
   op->local = region.value()->addr + op->request.local_offset;
-  op->plan = ChunkPlan(op->request.len, max_message);
+  op->plan = ChunkPlan(op->request.len, max_message, op->request.blocks);
   track(op, *region.value());
   enqueue(op);
 }
@@ -630,10 +629,11 @@ void Backend::Engine::prepare_work_request(Peer& peer, VerbsTransferOp& op, std:
   if (op.kind == TransferKind::notify) return prepare_notification(peer, op, wr, sge);
   if (op.kind == TransferKind::atomic) return prepare_atomic(op, wr, sge);
   const Chunk chunk = op.plan[index];
-  sge = ibv_sge{reinterpret_cast<std::uint64_t>(op.local + chunk.offset), chunk.len, op.lkey};
+  std::byte* local = op.local + chunk.block * op.request.local_stride + chunk.offset;
+  sge = ibv_sge{reinterpret_cast<std::uint64_t>(local), chunk.len, op.lkey};
   wr.num_sge = chunk.len == 0 ? 0 : 1;
   wr.opcode = op.kind == TransferKind::put ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ;
-  wr.wr.rdma.remote_addr = op.request.remote_addr + chunk.offset;
+  wr.wr.rdma.remote_addr = op.request.remote_addr_of(chunk.block) + chunk.offset;
   wr.wr.rdma.rkey = op.rkey;
 }
 

@@ -83,14 +83,35 @@ using TransferKey = std::variant<PackedKey, RemoteKeyId>;
 /// One one-sided transfer between a local region and a peer's memory.
 /// get: `len` bytes at the peer's `remote_addr` land in the local region at
 /// `local_offset`. put: the mirror image.
+///
+/// Strided (`blocks` > 1): `blocks` blocks of `len` bytes each, block i
+/// between `local_offset + i * local_stride` and `remote_addr + i *
+/// remote_stride` (a KV cache's layers x blocks). It is checked once, as a
+/// whole (first and last block in bounds, no overflow, strides of at least
+/// `len` so that no two blocks overlap), and succeeds or fails as one
+/// transfer.
 struct TransferRequest {
   PeerId peer{};
   RegionId local{};
   std::uint64_t local_offset = 0;
   std::uint64_t remote_addr = 0;
-  std::uint64_t len = 0;
+  std::uint64_t len = 0;  ///< bytes; of each block when strided
   TransferKey key;
+  std::uint64_t blocks = 1;
+  std::uint64_t local_stride = 0;
+  std::uint64_t remote_stride = 0;
+
+  /// Where block `i` starts, on each side.
+  [[nodiscard]] constexpr std::uint64_t local_offset_of(std::uint64_t i) const noexcept {
+    return local_offset + i * local_stride;
+  }
+  [[nodiscard]] constexpr std::uint64_t remote_addr_of(std::uint64_t i) const noexcept {
+    return remote_addr + i * remote_stride;
+  }
 };
+
+/// Blocks one strided transfer may move; more are refused (`out_of_range`).
+inline constexpr std::uint64_t max_transfer_blocks = 1 << 20;
 using GetRequest = TransferRequest;
 using PutRequest = TransferRequest;
 
@@ -435,11 +456,16 @@ class RdmaBackend {
 [[nodiscard]] Result<void> validate_atomic_word(std::uint64_t remote_addr, std::uint64_t region_addr,
                                                 std::uint64_t region_len, Access region_access);
 
-/// Checks a get's or put's remote range against the region its key names,
-/// before any provider sees it: [remote_addr, remote_addr + len) inside
-/// [key_addr, key_addr + key_len) (`out_of_range`), and for a put, a region
-/// registered with remote write (`not_owned`).
-[[nodiscard]] Result<void> validate_remote_range(bool is_put, std::uint64_t remote_addr, std::uint64_t len,
+/// Checks a get's or put's local side against its region of `region_len`
+/// bytes, before any provider sees it (`out_of_range`): not empty, its
+/// blocks (TransferRequest) well formed, every block inside the region.
+[[nodiscard]] Result<void> validate_local_range(const TransferRequest& request, std::uint64_t region_len);
+
+/// Checks a get's or put's remote side against the region its key names,
+/// before any provider sees it: every block inside [key_addr, key_addr +
+/// key_len) (`out_of_range`), and for a put, a region registered with
+/// remote write (`not_owned`). validate_local_range checked the blocks.
+[[nodiscard]] Result<void> validate_remote_range(bool is_put, const TransferRequest& request,
                                                  std::uint64_t key_addr, std::uint64_t key_len, Access key_access);
 
 /// Checks a batch's length against max_batch_size.

@@ -43,7 +43,12 @@ struct RemoteRegion {
 struct TransferRange {
   std::uint64_t local_offset = 0;
   std::uint64_t remote_offset = 0;
-  std::uint64_t len = 0;
+  std::uint64_t len = 0;  ///< bytes; of each block when strided
+  /// Strided, as TransferRequest: `blocks` blocks of `len` bytes, block i at
+  /// `local_offset + i * local_stride` and `remote_offset + i * remote_stride`.
+  std::uint64_t blocks = 1;
+  std::uint64_t local_stride = 0;
+  std::uint64_t remote_stride = 0;
 };
 
 class RegionGuard;

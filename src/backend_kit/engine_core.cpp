@@ -260,7 +260,7 @@ Result<EngineCore::Region*> EngineCore::admit_local(const TransferRequest& reque
   if (region == regions_.end() || region->second.unmapping) {
     return fail(errc::region_not_found, "local region is not registered");
   }
-  CORMA_TRY(validate_slice(request.local_offset, request.len, region->second.len));
+  CORMA_TRY(validate_local_range(request, region->second.len));
   return &region->second;
 }
 
@@ -271,8 +271,7 @@ Result<EngineCore::Region*> EngineCore::admit_local(const TransferRequest& reque
     return last.region;
   }
   // Open and registered, as the element before it found.
-  if (request.len == 0) return fail(errc::out_of_range, "zero-length transfer");
-  CORMA_TRY(validate_slice(request.local_offset, request.len, last.region->len));
+  CORMA_TRY(validate_local_range(request, last.region->len));
   return last.region;
 }
 

@@ -99,6 +99,14 @@ DeregisteredEvent RegionGuard::deregistered() const {
 
 namespace {
 
+/// The transfer `range` describes, from `local_offset` in the registration
+/// to the peer's `remote_addr`.
+TransferRequest request_for(PeerId peer, RegionId local, std::uint64_t local_offset, std::uint64_t remote_addr,
+                            const TransferRange& range, TransferKey key) {
+  return TransferRequest{peer,      local,          local_offset,       remote_addr,       range.len,
+                         std::move(key), range.blocks, range.local_stride, range.remote_stride};
+}
+
 /// Whether `range` may move between the guard's bytes (`state`'s region, or
 /// `share`'s slice of it) and `remote`: both slices inside their regions, the
 /// remote region of this backend, and the region (and slice) still admitting
@@ -108,8 +116,12 @@ Result<std::uint64_t> begin_checked_transfer(detail::RegionState& state, detail:
                                              const RemoteRegion& remote, const TransferRange& range) {
   const std::uint64_t base = share != nullptr ? share->offset() : 0;
   const std::uint64_t len = share != nullptr ? share->len() : state.memory().size();
-  CORMA_TRY(validate_slice(range.local_offset, range.len, len));
-  CORMA_TRY(validate_slice(range.remote_offset, range.len, remote.len));
+  // Both sides checked as a transfer's are, every block inside: offsets in
+  // the guard's bytes and in the remote region (the backend checks a put's
+  // access against the key).
+  const auto shape = request_for(PeerId{}, RegionId{}, range.local_offset, range.remote_offset, range, {});
+  CORMA_TRY(validate_local_range(shape, len));
+  CORMA_TRY(validate_remote_range(false, shape, 0, remote.len, Access::remote_read));
 
   const auto& backend = state.backend();
   if (remote.backend != backend->wire_id()) {
@@ -137,8 +149,8 @@ void RegionGuard::do_transfer(std::shared_ptr<detail::RegionState> state, std::s
   auto begun = begin_checked_transfer(*state, share.get(), remote, range);
   if (!begun) return completion.post(state->backend()->progress_executor(), std::move(begun).error());
   const auto& backend = state->backend();
-  TransferRequest request{peer, state->region().id, begun.value(), remote.addr + range.remote_offset, range.len,
-                          std::move(remote.packed_key)};
+  auto request = request_for(peer, state->region().id, begun.value(), remote.addr + range.remote_offset, range,
+                             std::move(remote.packed_key));
   auto slot = completion.cancellation_slot();
   // `backend` stays valid: the state, moved into the callback, keeps it; a
   // slice stays out of its arena until the transfer ends.
@@ -191,8 +203,8 @@ void RegionGuard::do_get_batch(PeerId peer, std::vector<BatchedGet> gets,
     backend = state->backend();
     TransferKey key = std::move(get.remote.packed_key);
     if (get.key != RemoteKeyId::none) key = get.key;
-    batch.push_back(TransferRequest{peer, state->region().id, admitted.value(),
-                                    get.remote.addr + get.range.remote_offset, get.range.len, std::move(key)});
+    batch.push_back(request_for(peer, state->region().id, admitted.value(), get.remote.addr + get.range.remote_offset,
+                                get.range, std::move(key)));
     submitted.push_back(i);
     begun.push_back(Begun{std::move(state), std::move(share)});
   }

@@ -424,10 +424,10 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
     if (local == regions.end() || local->second.unmapping) {
       return fail(errc::region_not_found, "local region is not registered");
     }
-    CORMA_TRY(validate_slice(req.local_offset, req.len, local->second.len));
+    CORMA_TRY(validate_local_range(req, local->second.len));
     CORMA_TRY(auto* peer, connected_peer(req.peer));
     CORMA_TRY(op.key, find_key(*peer, req.key));
-    CORMA_TRY(validate_remote_range(op.kind == Kind::put, req.remote_addr, req.len, op.key.addr, op.key.len,
+    CORMA_TRY(validate_remote_range(op.kind == Kind::put, req, op.key.addr, op.key.len,
                                     static_cast<Access>(op.key.access)));
     ++local->second.transfers;
     return success();
@@ -589,11 +589,15 @@ struct TestBackend::State : std::enable_shared_from_this<State> {
       op.answer.fetched = apply_atomic(op.atomic, it->second.addr + (op.atomic.remote_addr - op.key.addr));
       return success();
     }
-    std::byte* remote = it->second.addr + (op.request.remote_addr - op.key.addr);
-    if (op.kind == Kind::put) {
-      std::memmove(remote, local, op.request.len);
-    } else {
-      std::memmove(local, remote, op.request.len);
+    const auto& req = op.request;
+    for (std::uint64_t i = 0; i < req.blocks; ++i) {
+      std::byte* remote = it->second.addr + (req.remote_addr_of(i) - op.key.addr);
+      std::byte* here = local + (req.local_offset_of(i) - req.local_offset);
+      if (op.kind == Kind::put) {
+        std::memmove(remote, here, req.len);
+      } else {
+        std::memmove(here, remote, req.len);
+      }
     }
     return success();
   }

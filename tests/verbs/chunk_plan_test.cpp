@@ -66,5 +66,20 @@ TEST(ChunkPlan, NoLimitMeansTheLargestScatterGatherLength) {
   expect_exact_tiling(plan, 3ULL * sge_max, sge_max);
 }
 
+TEST(ChunkPlan, StridedBlocksArePlannedBlockAfterBlockEachTiledAlone) {
+  constexpr std::uint32_t max = 4096;
+  constexpr std::uint64_t block = max * 2 + 100;  // three pieces a block
+  const ChunkPlan plan(block, max, 5);
+  ASSERT_EQ(plan.count(), 15u);
+  for (std::uint64_t b = 0; b < 5; ++b) {
+    EXPECT_EQ(plan[b * 3], (Chunk{0, max, b}));
+    EXPECT_EQ(plan[b * 3 + 1], (Chunk{max, max, b}));
+    EXPECT_EQ(plan[b * 3 + 2], (Chunk{2ULL * max, 100, b}));
+  }
+  const ChunkPlan small(64, max, 1024);
+  ASSERT_EQ(small.count(), 1024u);
+  EXPECT_EQ(small[1023], (Chunk{0, 64, 1023}));
+}
+
 }  // namespace
 }  // namespace corma::verbs
