@@ -153,16 +153,22 @@ void count_done(void* request, ucs_status_t, void* user_data) {
   ucp_request_free(request);
 }
 
+/// Request parameters whose completion adds one to `*done`.
+ucp_request_param_t counting_into(std::size_t* done) {
+  ucp_request_param_t counted{};
+  counted.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  counted.cb.send = &count_done;
+  counted.user_data = done;
+  return counted;
+}
+
 }  // namespace
 
 double raw_batches(RawWorker& worker, ucp_ep_h ep, std::byte* local, std::uint64_t remote, ucp_rkey_h rkey,
                    std::size_t size, std::size_t batch, std::size_t batches, bool puts) {
   using clock = std::chrono::steady_clock;
   std::size_t done = 0;
-  ucp_request_param_t counted{};
-  counted.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-  counted.cb.send = &count_done;
-  counted.user_data = &done;
+  const ucp_request_param_t counted = counting_into(&done);
   ucp_request_param_t uncounted{};
   // Gets are counted one by one; puts are completed by one counted flush.
   const std::size_t expected = puts ? 1 : batch;
@@ -192,10 +198,7 @@ double raw_batches(RawWorker& worker, ucp_ep_h ep, std::byte* local, std::uint64
 double raw_strided(RawWorker& worker, ucp_ep_h ep, std::byte* local, std::uint64_t remote, ucp_rkey_h rkey,
                    const StridedShape& shape, std::size_t rounds, bool puts) {
   std::size_t done = 0;
-  ucp_request_param_t counted{};
-  counted.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-  counted.cb.send = &count_done;
-  counted.user_data = &done;
+  const ucp_request_param_t counted = counting_into(&done);
   ucp_request_param_t bare{};
   const auto start = std::chrono::steady_clock::now();
   for (std::size_t round = 0; round < rounds; ++round) {
