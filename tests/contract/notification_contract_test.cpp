@@ -165,6 +165,28 @@ TEST_P(BackendContract, ABatchOfPutsEndingInANotificationLandsBeforeIt) {
   }
 }
 
+// A batch of no puts that ends in a notification: the notification alone,
+// element 0 of a batch of one.
+TEST_P(BackendContract, AnEmptyBatchEndingInANotificationSendsTheNotificationAlone) {
+  Connected c;
+  ASSERT_NO_FATAL_FAILURE(connect_both(GetParam(), c));
+  if (IsSkipped()) return;
+  auto& initiator = *c.pair.initiator.backend;
+  auto& target = *c.pair.target.backend;
+  Answer<BatchOutcome> sent;
+  {
+    Initiating scope;
+    initiator.async_put_batch(TransferBatch{}, BatchNotification{c.pair.peer, 41}, sent.handler());
+  }
+  auto got = receive(target);
+  ASSERT_TRUE(got) << describe(got);
+  EXPECT_EQ(got.value().tag, 41u);
+  const auto outcome = sent.wait();
+  ASSERT_TRUE(outcome.has_value() && *outcome) << describe(outcome);
+  EXPECT_EQ(outcome->value().size, 1u);
+  EXPECT_TRUE(outcome->value().all_succeeded());
+}
+
 TEST_P(BackendContract, ABatchWhosePutToThePeerIsRefusedSendsNoNotification) {
   Connected c;
   ASSERT_NO_FATAL_FAILURE(connect_both(GetParam(), c));

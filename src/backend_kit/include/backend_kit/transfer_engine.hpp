@@ -227,6 +227,7 @@ class TransferEngine : public EngineCore {
   /// appears. A batch to one peer (the usual one) moves whole into its run.
   static std::vector<std::shared_ptr<Op>> runs_by_peer(TransferKind kind, TransferBatch batch) {
     std::vector<std::shared_ptr<Op>> runs;
+    if (batch.empty()) return runs;  // a notification alone
     const PeerId first = batch.front().peer;
     const bool one_peer = std::all_of(batch.begin(), batch.end(), [&](const auto& r) { return r.peer == first; });
     if (one_peer) {
