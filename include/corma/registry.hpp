@@ -24,7 +24,9 @@ namespace corma {
 
 struct RegistryConfig {
   /// Registered bytes (whole pages) the registry may hold at once: the
-  /// RLIMIT_MEMLOCK axis.
+  /// RLIMIT_MEMLOCK axis. A region's bytes count until the provider has
+  /// confirmed its unmap; a registration that does not fit waits for the
+  /// unmaps already under way (guards just dropped) before it is refused.
   std::uint64_t budget_bytes = 0;
   /// Page size used to compute charges; 0 means the system's.
   std::size_t page_size = 0;

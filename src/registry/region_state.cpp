@@ -38,6 +38,11 @@ bool RegionState::released() const {
   return phase_ == Phase::released;
 }
 
+bool RegionState::unmapping() const {
+  std::lock_guard lock(mutex_);
+  return phase_ == Phase::unmapping;
+}
+
 OwnedBuffer RegionState::take_owned() {
   std::lock_guard lock(mutex_);
   return phase_ == Phase::released ? std::exchange(owned_, OwnedBuffer{}) : OwnedBuffer{};

@@ -53,6 +53,8 @@ class RegionState : public std::enable_shared_from_this<RegionState> {
   void confirm_released_by_shutdown();
 
   [[nodiscard]] bool released() const;
+  /// Its unmap is out with the provider (no transfer left to wait for).
+  [[nodiscard]] bool unmapping() const;
 
   /// Hands back the owned buffer (if any) once the release is confirmed;
   /// before that it stays with the region.

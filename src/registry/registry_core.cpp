@@ -119,9 +119,16 @@ void RegistryCore::reserve_and_map(Registration reg, bool may_evict) {
   auto reservation = budget_->reserve(charge_for(reg.memory.data(), reg.memory.size()));
   if (!reservation) {
     std::vector<std::shared_ptr<Latch>> releasing;
-    if (may_evict) releasing = cache_->evict_idle(charge_for(reg.memory.data(), reg.memory.size()));
+    if (may_evict) {
+      releasing = cache_->evict_idle(charge_for(reg.memory.data(), reg.memory.size()));
+      // A guard just dropped still holds its bytes until the provider
+      // confirms the unmap, a progress turn away: a caller that lets a
+      // region go and registers another must not be refused for it.
+      auto unmapping = unmaps_under_way();
+      releasing.insert(releasing.end(), unmapping.begin(), unmapping.end());
+    }
     if (!releasing.empty()) {
-      // Once the evicted ones have given their bytes back, once more.
+      // Once those have given their bytes back, once more.
       auto pending = std::make_shared<Registration>(std::move(reg));
       return after_all(releasing, [self = shared_from_this(), pending] {
         self->reserve_and_map(std::move(*pending), false);
@@ -142,6 +149,24 @@ void RegistryCore::reserve_and_map(Registration reg, bool may_evict) {
           slot, [self = shared_from_this(), reg = std::move(reg)](Result<BackendRegion> mapped) mutable {
             self->on_mapped(std::move(reg), std::move(mapped));
           }));
+}
+
+std::vector<std::shared_ptr<Latch>> RegistryCore::unmaps_under_way() const {
+  std::vector<std::shared_ptr<RegionState>> regions;
+  {
+    std::lock_guard lock(mutex_);
+    regions.reserve(live_.size());
+    for (const auto& [generation, weak] : live_) {
+      if (auto region = weak.lock()) regions.push_back(std::move(region));
+    }
+  }
+  // Phases are read outside the registry's lock; one that moves on
+  // meanwhile only makes the wait shorter.
+  std::vector<std::shared_ptr<Latch>> latches;
+  for (const auto& region : regions) {
+    if (region->unmapping()) latches.push_back(region->deregistered());
+  }
+  return latches;
 }
 
 void RegistryCore::on_mapped(Registration reg, Result<BackendRegion> mapped) {

@@ -61,9 +61,13 @@ class RegistryCore : public std::enable_shared_from_this<RegistryCore> {
  private:
   struct Registration;
 
-  /// Reserves the budget (first taking idle cached registrations back if
-  /// `may_evict` and it has no room) and maps.
+  /// Reserves the budget and maps. With no room and `may_evict`, it first
+  /// takes idle cached registrations back and waits for them and for every
+  /// unmap already under way, then tries once more.
   void reserve_and_map(Registration registration, bool may_evict);
+  /// The release latches of regions whose unmap is out (no transfer left
+  /// to wait for): their bytes come back within a progress turn.
+  [[nodiscard]] std::vector<std::shared_ptr<Latch>> unmaps_under_way() const;
   void on_mapped(Registration registration, Result<BackendRegion> mapped);
   void roll_back(Registration registration, const std::shared_ptr<RegionState>& region);
   void admitted_done();

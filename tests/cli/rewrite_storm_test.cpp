@@ -181,7 +181,9 @@ TEST_F(RewriteStorm, EveryFetchIsOneWholeVersionOrObjectChangedWhateverTheWriter
               if (fetched) bytes = fetched.value().data.bytes();
               const bool windowed_path = fetched && fetched.value().windows > 0;
               if (fetched && std::string(path) == "windows" && !windowed_path) {
-                ADD_FAILURE() << file.name << " was not lent in windows";
+                ADD_FAILURE() << file.name << " was not lent in windows: "
+                              << (fetched.value().path == corma::Path::chunked ? "chunked, " : "rdma, ")
+                              << fetched.value().reason_text();
               }
               count(tallies[std::string(path) + " " + file.name], file,
                     fetched ? corma::Result<void>(corma::success()) : corma::Result<void>(fetched.error()), bytes);

@@ -222,6 +222,33 @@ TEST_F(RegistryTest, UnconfirmedUnmapKeepsTheBudgetAndTheLatch) {
   EXPECT_EQ(backend->live_registrations(), 0u);
 }
 
+TEST_F(RegistryTest, ARegistrationWaitsForAnUnmapAlreadyUnderWayInsteadOfBeingRefused) {
+  auto registry = make_registry(4 * page_size());
+  auto memory = OwnedBuffer::allocate(8 * page_size());
+  auto first = register_now(registry, memory.bytes().first(4 * page_size())).value();
+  auto released = first.deregistered();
+
+  // The progress thread is busy, so the unmap of the dropped guard is still
+  // queued behind it when the next registration asks for the same bytes.
+  std::promise<void> busy;
+  asio::post(backend->progress_executor(), [wait = busy.get_future().share()] { wait.wait(); });
+  first = RegionGuard{};
+  auto second = registry.async_register(memory.bytes().subspan(4 * page_size(), 4 * page_size()),
+                                        Access::remote_read, asio::use_future);
+  EXPECT_FALSE(released.is_set());
+  busy.set_value();
+
+  auto guard = second.get();
+  ASSERT_TRUE(guard) << guard.error().message();
+  EXPECT_TRUE(released.is_set());
+  EXPECT_EQ(registry.stats().registered_bytes, 4 * page_size());
+
+  // With nothing on its way back, a registration over the budget is still refused.
+  auto over = register_now(registry, memory.bytes().first(page_size()));
+  ASSERT_FALSE(over);
+  EXPECT_TRUE(over.error().is(errc::budget_exceeded));
+}
+
 TEST_F(RegistryTest, DestroyingAGuardOnAThreadWithoutAnIoContextDeregisters) {
   auto registry = make_registry();
   std::vector<std::byte> memory(2 * page_size());
