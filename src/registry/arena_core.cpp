@@ -35,10 +35,12 @@ ArenaCore::ArenaCore(RegionGuard whole, ArenaConfig config)
   stats_.capacity_bytes = capacity_;
   RegistryCounters::bump(counters_.arenas);
   counters_.arena_capacity_bytes.fetch_add(capacity_, std::memory_order_relaxed);
+  counters_.add_arena(this);
 }
 
 ArenaCore::~ArenaCore() {
   // Every slice is back: slices hold the core.
+  counters_.remove_arena(this);
   counters_.arenas.fetch_sub(1, std::memory_order_relaxed);
   counters_.arena_capacity_bytes.fetch_sub(capacity_, std::memory_order_relaxed);
 }
@@ -72,8 +74,6 @@ std::optional<std::uint64_t> ArenaCore::take_locked(std::size_t cls) {
   ++stats_.slices;
   ++stats_.allocations;
   stats_.allocated_bytes += config_.min_slice << cls;
-  RegistryCounters::bump(counters_.arena_slices);
-  counters_.arena_allocated_bytes.fetch_add(config_.min_slice << cls, std::memory_order_relaxed);
   return offset;
 }
 
@@ -82,12 +82,10 @@ void ArenaCore::put_back_locked(std::size_t cls, std::uint64_t offset) {
   const std::uint64_t size = config_.min_slice << cls;
   --stats_.slices;
   stats_.allocated_bytes -= size;
-  counters_.arena_slices.fetch_sub(1, std::memory_order_relaxed);
-  counters_.arena_allocated_bytes.fetch_sub(size, std::memory_order_relaxed);
 }
 
 RegionGuard ArenaCore::slice_at(std::uint64_t offset, std::size_t bytes) {
-  return RegionGuard(whole_.state_, std::make_shared<GuardShare>(shared_from_this(), backend_, offset, bytes));
+  return RegionGuard(whole_.state_, std::make_shared<GuardShare>(shared_from_this(), offset, bytes));
 }
 
 Result<RegionGuard> ArenaCore::allocate(std::size_t bytes) {

@@ -37,6 +37,7 @@ class ArenaCore final : public ShareOwner, public std::enable_shared_from_this<A
   void close();
 
   void give_back(std::uint64_t offset, std::uint64_t len) noexcept override;
+  [[nodiscard]] std::weak_ptr<RdmaBackend> backend() const override { return backend_; }
 
   [[nodiscard]] ArenaStats stats() const;
   [[nodiscard]] const BackendRegion& backend_region() const noexcept { return whole_.backend_region(); }

@@ -1,12 +1,15 @@
 // Part of a registration that a guard names without owning the whole of it
-// (a slice of an arena): where its bytes lie in the registration, the
-// transfers using them, and the event that says they went back to their
-// owner. They go back once the guard has let go and the last transfer has
-// ended; an operation launched later is refused.
+// (a slice of an arena, or a guard sharing a cached registration): where its
+// bytes lie in the registration, the transfers using them, and the event
+// that says they went back to their owner. They go back once the guard has
+// let go and the last transfer has ended; an operation launched later is
+// refused. Taking a slice and giving it back is the hot path of arenas and
+// of the cache: the share's state is one atomic word, with no lock.
 #pragma once
 
 #include "latch.hpp"
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -19,6 +22,8 @@ class ShareOwner {
  public:
   virtual ~ShareOwner() = default;
   virtual void give_back(std::uint64_t offset, std::uint64_t len) noexcept = 0;
+  /// Whose progress thread answers waiters on the share's events.
+  [[nodiscard]] virtual std::weak_ptr<RdmaBackend> backend() const = 0;
   /// What a guard's deregistered() waits for; null: the share's own return
   /// (an arena's slice, whose memory the arena keeps).
   [[nodiscard]] virtual std::shared_ptr<Latch> memory_released() const { return nullptr; }
@@ -28,9 +33,8 @@ class ShareOwner {
 
 class GuardShare {
  public:
-  GuardShare(std::shared_ptr<ShareOwner> owner, std::weak_ptr<RdmaBackend> backend, std::uint64_t offset,
-             std::uint64_t len) noexcept
-      : owner_(std::move(owner)), backend_(std::move(backend)), offset_(offset), len_(len) {}
+  GuardShare(std::shared_ptr<ShareOwner> owner, std::uint64_t offset, std::uint64_t len) noexcept
+      : owner_(std::move(owner)), offset_(offset), len_(len) {}
   GuardShare(const GuardShare&) = delete;
   GuardShare& operator=(const GuardShare&) = delete;
   ~GuardShare();
@@ -39,7 +43,7 @@ class GuardShare {
   [[nodiscard]] std::uint64_t len() const noexcept { return len_; }
 
   /// Admits one transfer unless the guard has let go.
-  [[nodiscard]] bool begin_transfer();
+  [[nodiscard]] bool begin_transfer() noexcept;
   /// Ends one; the last one out after the guard let go gives the bytes back.
   void end_transfer();
   /// The guard is done: the bytes go back now, or when the last transfer ends.
@@ -54,19 +58,26 @@ class GuardShare {
   void deregister();
 
  private:
-  /// Gives the bytes back (once: `returned_` was set under the lock) and
-  /// sets `latch`, if anyone asked for it.
-  void give_back(const std::shared_ptr<Latch>& latch);
+  // The state word: whether the guard still holds the share, whether the
+  // bytes went back, and the transfers in flight.
+  static constexpr std::uint64_t held_bit = std::uint64_t{1} << 63;
+  static constexpr std::uint64_t returned_bit = std::uint64_t{1} << 62;
+  static constexpr std::uint64_t transfers_mask = returned_bit - 1;
+
+  /// From `seen` (held by nobody, no transfer), marks the bytes returned;
+  /// true for the one caller that did, who then gives them back.
+  bool claim_return(std::uint64_t seen) noexcept;
+  /// Gives the bytes back and sets the event, if anyone asked for it.
+  void give_back();
 
   const std::shared_ptr<ShareOwner> owner_;
-  const std::weak_ptr<RdmaBackend> backend_;
   const std::uint64_t offset_;
   const std::uint64_t len_;
+  std::atomic<std::uint64_t> state_{held_bit};
 
-  std::mutex mutex_;
-  bool held_ = true;
-  bool returned_ = false;
-  std::uint64_t transfers_ = 0;
+  // The event is made only when someone asks (rarely, on the hot path).
+  std::mutex event_mutex_;
+  std::atomic<bool> event_made_{false};
   std::shared_ptr<Latch> given_back_;
 };
 

@@ -27,10 +27,11 @@ class RegistrationCache::Entry final : public ShareOwner, public std::enable_sha
   }
 
   void give_back(std::uint64_t /*offset*/, std::uint64_t /*len*/) noexcept override {
-    cache.on_returned(shared_from_this());
+    cache.on_returned(*this);
   }
+  [[nodiscard]] std::weak_ptr<RdmaBackend> backend() const override { return state->backend(); }
   [[nodiscard]] std::shared_ptr<Latch> memory_released() const override { return state->deregistered(); }
-  void deregistration_asked() override { cache.on_deregister_asked(shared_from_this()); }
+  void deregistration_asked() override { cache.on_deregister_asked(*this); }
 
   [[nodiscard]] std::uintptr_t start() const noexcept {
     return reinterpret_cast<std::uintptr_t>(state->memory().data());
@@ -48,7 +49,11 @@ class RegistrationCache::Entry final : public ShareOwner, public std::enable_sha
   std::uint64_t guards = 0;
   bool in_cache = true;         ///< shared and kept idle; false once removed
   bool keep_when_idle = true;   ///< false once a guard asked for deregistration
-  std::optional<Lru::iterator> idle;
+  bool idle = false;            ///< its node is in the idle list
+  // Its node for the idle list, kept in `parked` while it is in use: going
+  // idle and back splices the node across, with no allocation.
+  Lru parked{this};
+  const Lru::iterator node = parked.begin();
 };
 
 namespace {
@@ -112,22 +117,24 @@ RegionGuard RegistrationCache::adopt(std::shared_ptr<RegionState> state, Access 
 RegionGuard RegistrationCache::guard_for(const std::shared_ptr<Entry>& entry, std::span<std::byte> memory) {
   const auto offset = static_cast<std::uint64_t>(memory.data() - entry->state->memory().data());
   return RegionGuard(entry->state,
-                     std::make_shared<GuardShare>(entry, entry->state->backend(), offset, memory.size()));
+                     std::make_shared<GuardShare>(entry, offset, memory.size()));
 }
 
-void RegistrationCache::on_returned(const std::shared_ptr<Entry>& entry) {
+void RegistrationCache::on_returned(Entry& entry) {
+  // The returning share holds `entry` until this is done.
   std::shared_ptr<RegionState> going;
   std::vector<std::shared_ptr<Entry>> evicted;
   {
     std::lock_guard lock(mutex_);
-    if (--entry->guards != 0) return;
-    if (!entry->in_cache || !entry->keep_when_idle) {
-      if (entry->in_cache) remove_locked(entry);
-      going = entry->state;
+    if (--entry.guards != 0) return;
+    if (!entry.in_cache || !entry.keep_when_idle) {
+      if (entry.in_cache) remove_locked(entry);
+      going = entry.state;
     } else {
-      entry->idle = idle_.insert(idle_.end(), entry);
-      stats_.idle_bytes += entry->state->charged();
-      if (entry->bounded) bounded_idle_bytes_ += entry->state->charged();
+      idle_.splice(idle_.end(), entry.parked, entry.node);
+      entry.idle = true;
+      stats_.idle_bytes += entry.state->charged();
+      if (entry.bounded) bounded_idle_bytes_ += entry.state->charged();
       trim_locked(evicted);
     }
   }
@@ -135,38 +142,39 @@ void RegistrationCache::on_returned(const std::shared_ptr<Entry>& entry) {
   let_go(evicted);
 }
 
-void RegistrationCache::on_deregister_asked(const std::shared_ptr<Entry>& entry) {
+void RegistrationCache::on_deregister_asked(Entry& entry) {
   std::lock_guard lock(mutex_);
-  entry->keep_when_idle = false;  // its last guard's return deregisters it
+  entry.keep_when_idle = false;  // its last guard's return deregisters it
 }
 
 void RegistrationCache::leave_idle_locked(Entry& entry) {
   if (!entry.idle) return;
   stats_.idle_bytes -= entry.state->charged();
   if (entry.bounded) bounded_idle_bytes_ -= entry.state->charged();
-  idle_.erase(*entry.idle);
-  entry.idle.reset();
+  entry.parked.splice(entry.parked.end(), idle_, entry.node);
+  entry.idle = false;
 }
 
-void RegistrationCache::remove_locked(const std::shared_ptr<Entry>& entry) {
-  auto [first, last] = by_start_.equal_range(entry->start());
+void RegistrationCache::remove_locked(Entry& entry) {
+  leave_idle_locked(entry);
+  entry.in_cache = false;
+  --stats_.entries;
+  // Last: the map's reference may be the one that keeps `entry` alive.
+  auto [first, last] = by_start_.equal_range(entry.start());
   for (auto it = first; it != last; ++it) {
-    if (it->second == entry) {
+    if (it->second.get() == &entry) {
       by_start_.erase(it);
       break;
     }
   }
-  leave_idle_locked(*entry);
-  entry->in_cache = false;
-  --stats_.entries;
 }
 
 void RegistrationCache::trim_locked(std::vector<std::shared_ptr<Entry>>& evicted) {
   for (auto it = idle_.begin(); bounded_idle_bytes_ > idle_limit_ && it != idle_.end();) {
-    auto entry = *it++;  // removing it erases its place in the list
-    if (!entry->bounded) continue;
+    Entry& entry = **it++;  // removing it moves its node out of the list
+    if (!entry.bounded) continue;
+    evicted.push_back(entry.shared_from_this());
     remove_locked(entry);
-    evicted.push_back(std::move(entry));
     ++stats_.evictions;
   }
 }
@@ -178,9 +186,9 @@ std::vector<std::shared_ptr<Latch>> RegistrationCache::evict_idle(std::uint64_t 
     std::lock_guard lock(mutex_);
     std::uint64_t freed = 0;
     while (freed < bytes && !idle_.empty()) {
-      auto oldest = idle_.front();
+      auto oldest = idle_.front()->shared_from_this();
       freed += oldest->state->charged();
-      remove_locked(oldest);
+      remove_locked(*oldest);
       released.push_back(oldest->state->deregistered());
       evicted.push_back(std::move(oldest));
       ++stats_.evictions;
@@ -205,7 +213,7 @@ std::vector<std::shared_ptr<Latch>> RegistrationCache::invalidate(std::span<cons
     for (const auto& entry : overlapping) {
       // Idle: deregistered now; in use: once its last guard goes.
       if (entry->idle) going.push_back(entry->state);
-      remove_locked(entry);
+      remove_locked(*entry);
       released.push_back(entry->state->deregistered());
     }
   }
@@ -222,7 +230,7 @@ void RegistrationCache::close() {
     for (auto& [start, entry] : by_start_) all.push_back(entry);
     for (const auto& entry : all) {
       if (entry->idle) going.push_back(entry->state);
-      remove_locked(entry);
+      remove_locked(*entry);
     }
   }
   deregister_all(going);

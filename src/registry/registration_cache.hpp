@@ -68,15 +68,16 @@ class RegistrationCache {
 
  private:
   class Entry;
-  using Lru = std::list<std::shared_ptr<Entry>>;
+  using Lru = std::list<Entry*>;  // the map below keeps each one alive
 
   /// A guard of `entry` went (its share came back).
-  void on_returned(const std::shared_ptr<Entry>& entry);
+  void on_returned(Entry& entry);
   /// Its guard asked for it to be deregistered: not kept idle.
-  void on_deregister_asked(const std::shared_ptr<Entry>& entry);
-  /// Takes `entry` out of the cache; call with the lock held. Its
-  /// deregistration is requested by the caller, outside the lock.
-  void remove_locked(const std::shared_ptr<Entry>& entry);
+  void on_deregister_asked(Entry& entry);
+  /// Takes `entry` out of the cache; call with the lock held, and hold a
+  /// reference to it if it is used afterwards. Its deregistration is
+  /// requested by the caller, outside the lock.
+  void remove_locked(Entry& entry);
   [[nodiscard]] RegionGuard guard_for(const std::shared_ptr<Entry>& entry, std::span<std::byte> memory);
   /// Idle ones bounded by the idle limit beyond it, least recently used
   /// first; lock held.

@@ -107,11 +107,11 @@ void RegistryCore::start_registration(std::span<std::byte> memory, Access access
 
 Result<RegionGuard> RegistryCore::find_cached(std::span<std::byte> memory, Access access) {
   CORMA_TRY(validate_range(memory.data(), memory.size()));
-  {
-    std::lock_guard lock(mutex_);
-    if (closed_) return fail(errc::shutting_down, "registry is shutting down");
-  }
+  // Shutdown closes the cache before the registry: a closed one shares
+  // nothing, so the registry's lock is needed only to name a miss.
   if (auto shared = cache_->share(memory, access, false)) return std::move(*shared);
+  std::lock_guard lock(mutex_);
+  if (closed_) return fail(errc::shutting_down, "registry is shutting down");
   return fail(errc::region_not_found, "no cached registration covers these bytes");
 }
 

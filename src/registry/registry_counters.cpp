@@ -1,5 +1,7 @@
 #include "registry_counters.hpp"
 
+#include "arena_core.hpp"
+
 #include <bit>
 
 namespace corma {
@@ -50,6 +52,16 @@ void RegistryCounters::record_failure(const Error& error) noexcept {
   }
 }
 
+void RegistryCounters::add_arena(const ArenaCore* arena) {
+  std::lock_guard lock(arenas_mutex_);
+  live_arenas_.push_back(arena);
+}
+
+void RegistryCounters::remove_arena(const ArenaCore* arena) noexcept {
+  std::lock_guard lock(arenas_mutex_);
+  std::erase(live_arenas_, arena);
+}
+
 void RegistryCounters::snapshot(RegistryStats& stats) const noexcept {
   constexpr auto relaxed = std::memory_order_relaxed;
   stats.regions = regions.load(relaxed);
@@ -64,8 +76,14 @@ void RegistryCounters::snapshot(RegistryStats& stats) const noexcept {
   stats.leaked_owned_buffers = leaked_owned_buffers.load(relaxed);
   stats.arenas = arenas.load(relaxed);
   stats.arena_capacity_bytes = arena_capacity_bytes.load(relaxed);
-  stats.arena_allocated_bytes = arena_allocated_bytes.load(relaxed);
-  stats.arena_slices = arena_slices.load(relaxed);
+  {
+    std::lock_guard lock(arenas_mutex_);
+    for (const auto* arena : live_arenas_) {
+      const auto counted = arena->stats();
+      stats.arena_allocated_bytes += counted.allocated_bytes;
+      stats.arena_slices += counted.slices;
+    }
+  }
   for (std::size_t i = 0; i < latency.size(); ++i) {
     stats.registration_latency.counts[i] = latency[i].load(relaxed);
   }

@@ -7,8 +7,12 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <mutex>
+#include <vector>
 
 namespace corma::detail {
+
+class ArenaCore;
 
 struct RegistryCounters {
   using Counter = std::atomic<std::uint64_t>;
@@ -26,8 +30,6 @@ struct RegistryCounters {
   // Arenas made from this registry (gauges: up and down).
   Counter arenas{0};
   Counter arena_capacity_bytes{0};
-  Counter arena_allocated_bytes{0};
-  Counter arena_slices{0};
   std::array<Counter, LatencyHistogram::bucket_count> latency{};
   Counter latency_sum_ns{0};
 
@@ -37,6 +39,16 @@ struct RegistryCounters {
   void record_failure(const Error& error) noexcept;
   /// Copies every counter into `stats` (budget figures are filled elsewhere).
   void snapshot(RegistryStats& stats) const noexcept;
+
+  // Each arena counts its slices under its own lock, and they are summed
+  // here when asked: taking a slice touches no registry-wide atomic.
+  void add_arena(const ArenaCore* arena);
+  /// First thing in the arena's destructor, while its stats can still be read.
+  void remove_arena(const ArenaCore* arena) noexcept;
+
+ private:
+  mutable std::mutex arenas_mutex_;
+  std::vector<const ArenaCore*> live_arenas_;
 };
 
 }  // namespace corma::detail

@@ -208,6 +208,34 @@ TEST_F(ArenaTest, DroppingTheArenaAnswersItsWaitersAndItsRegistrationOutlivesIts
   EXPECT_EQ(registry.stats().registered_bytes, 0u);
 }
 
+TEST_F(ArenaTest, ASliceGoesBackExactlyOnceWhenItsGuardAndItsLastTransferEndTogether) {
+  // The guard lets go on this thread while the transfer ends on the
+  // progress thread: whichever is last gives the slice back, once.
+  auto peer = connect_peer(64, std::byte{7});
+  auto registry = make_registry(64 * page_size());
+  auto arena = make_arena(registry, 65536, ArenaConfig{.min_slice = 64, .max_slice = 4096});
+  constexpr int rounds = 500;
+  std::vector<corma::DeregisteredEvent> returned;
+  for (int i = 0; i < rounds; ++i) {
+    auto slice = arena.allocate(64).value();
+    slice.async_get(peer.id, peer.remote, {0, 0, 64}, [&](Result<void> r) {
+      EXPECT_TRUE(r) << r.error().message();
+    });
+    returned.push_back(slice.deregistered());
+  }
+  for (auto& event : returned) ASSERT_TRUE(wait_released(event));
+  EXPECT_EQ(arena.stats().slices, 0u) << "a slice went back twice, or never";
+  EXPECT_EQ(arena.stats().allocated_bytes, 0u);
+  EXPECT_EQ(registry.stats().arena_slices, 0u);
+  // Every slice is free once, so the arena hands all of them out again.
+  std::vector<RegionGuard> all;
+  for (int i = 0; i < 65536 / 64; ++i) all.push_back(arena.allocate(64).value());
+  EXPECT_FALSE(arena.allocate(64)) << "the arena has more slices than its bytes";
+  std::set<std::byte*> distinct;
+  for (const auto& slice : all) distinct.insert(slice.data());
+  EXPECT_EQ(distinct.size(), all.size());
+}
+
 TEST_F(ArenaTest, ThreadsTakingAndGivingBackSlicesNeverShareBytes) {
   auto registry = make_registry(1 << 20);
   auto arena = make_arena(registry, 4 * 65536, ArenaConfig{.min_slice = 256, .max_slice = 65536});
