@@ -14,6 +14,7 @@ void CommandQueue::push(Command command) {
     std::lock_guard lock(mutex_);
     if (closed_) return;  // dropped, after the lock: `command` dies on return
     pending_.push_back(std::move(command));
+    has_pending_.store(true, std::memory_order_release);
   }
   // Ordered after the push by the mutex: either the sleeper saw the command
   // in prepare_to_sleep(), or this sees it asleep and wakes it. The queue is
@@ -34,9 +35,13 @@ std::size_t CommandQueue::run_all() {
   // Swapped out first: a command may push another, which waits for the next turn.
   own_running_.swap(own_);
   std::size_t n = run(own_running_);
+  // Most turns of a busy loop find nothing from other threads: no lock then.
+  // A push racing with this load is found on the next turn, or by
+  // prepare_to_sleep(), which looks under the lock.
+  if (!has_pending_.load(std::memory_order_acquire)) return n;
   {
     std::lock_guard lock(mutex_);
-    if (pending_.empty()) return n;
+    has_pending_.store(false, std::memory_order_relaxed);
     running_.swap(pending_);
   }
   return n + run(running_);

@@ -66,6 +66,7 @@ class CommandQueue {
   boost::asio::io_context& io_;
   std::mutex mutex_;
   std::vector<Command> pending_;
+  std::atomic<bool> has_pending_{false};  // set under mutex_ with a push; a hint read without it
   bool closed_ = false;            // guarded by mutex_
   std::vector<Command> running_;   // only the progress thread touches it
   std::vector<Command> own_;       // pushed by the progress thread: no lock
