@@ -1,15 +1,14 @@
 // The transfer half of a provider-backed engine, over the provider's own
 // transfer op type: the provider's hooks receive its ops as they are (no
-// downcasts), ops come from the recycling allocator (a progress thread or a
-// caller's io_context thread reuses the memory of the last op it freed), and
-// admitted transfers live in a flat slot table. Gets, puts and batches are
-// initiated here for every provider, so their rules live in one place.
+// downcasts), ops come from a pool that recycles their memory across
+// threads (backend_kit/op_pool.hpp), and admitted transfers live in a flat
+// slot table. Gets, puts and batches are initiated here for every provider,
+// so their rules live in one place.
 #pragma once
 
 #include "backend_kit/engine_core.hpp"
+#include "backend_kit/op_pool.hpp"
 #include "backend_kit/transfer_table.hpp"
-
-#include <boost/asio/recycling_allocator.hpp>
 
 #include <algorithm>
 #include <type_traits>
@@ -76,7 +75,7 @@ class TransferEngine : public EngineCore {
   void initiate_batch(bool is_put, TransferBatch batch, std::optional<BatchNotification> notification,
                       RdmaBackend::Handler<BatchOutcome> h) final {
     const std::size_t transfers = batch.size();
-    auto op = std::allocate_shared<BatchOp<Op>>(asio::recycling_allocator<BatchOp<Op>>(),
+    auto op = std::allocate_shared<BatchOp<Op>>(OpAllocator<BatchOp<Op>>(),
                                                 detail::BatchTally::BatchCompletion(std::move(h)),
                                                 transfers + (notification ? 1 : 0));
     if (auto fits = validate_batch_size(transfers); !fits) {
@@ -213,7 +212,7 @@ class TransferEngine : public EngineCore {
   }
 
  private:
-  static std::shared_ptr<Op> make_op() { return std::allocate_shared<Op>(asio::recycling_allocator<Op>()); }
+  static std::shared_ptr<Op> make_op() { return std::allocate_shared<Op>(OpAllocator<Op>()); }
 
   static std::shared_ptr<Op> make_run(TransferKind kind, PeerId peer) {
     auto run = make_op();
