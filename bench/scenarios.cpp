@@ -573,7 +573,10 @@ std::vector<Measurement> run_scenarios(const Options& options) {
   for (const auto& transport : options.transports) {
     if (selected(options, "atomic_latency")) keep(atomic_latency(options, transport));
     if (selected(options, "atomic_rate")) keep(atomic_rate(options, transport));
-    if (selected(options, "put_notify_latency")) keep(put_notify_latency(options, transport));
+    if (selected(options, "put_notify_latency")) {
+      keep(put_notify_latency(options, transport, Caller::other_thread));
+      keep(put_notify_latency(options, transport, Caller::progress_executor));
+    }
   }
   if (selected(options, "end_to_end_fetch")) {
     for (auto size : {1 * MiB, 64 * MiB}) {
