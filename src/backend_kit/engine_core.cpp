@@ -59,12 +59,15 @@ void EngineCore::loop() {
 
 void EngineCore::run_until_quit() {
   using clock = std::chrono::steady_clock;
-  // io_context::poll() costs an epoll_wait, so it runs only every this many
-  // turns: timers, fd watches and cancellations are not latency-critical,
-  // while a spinning thread's reaction to its provider is.
-  constexpr unsigned turns_per_poll = 16;
-  unsigned turns_since_poll = 0;
+  // io_context::poll() costs an epoll_wait (microseconds in a VM), so a
+  // busy loop runs it at most this often: timers, fd watches and
+  // cancellations are not latency-critical, while a spinning thread's
+  // reaction to its provider is. Counted in time, not in turns: an idle
+  // turn takes a fraction of a microsecond, and every sixteenth turn (as it
+  // was) put an epoll_wait into most round trips over shared memory.
+  constexpr auto poll_interval = std::chrono::microseconds(50);
   auto last_activity = clock::now();
+  auto last_poll = last_activity;
   while (!quitting_) {
     // Completions of this turn go to each caller's executor together.
     detail::BulkHandoff bulk;
@@ -72,9 +75,9 @@ void EngineCore::run_until_quit() {
     const std::size_t commands = commands_->run_all();
     const std::size_t progressed = progress();
     std::size_t handlers = 0;
-    if (++turns_since_poll >= turns_per_poll) {
+    if (turn_time_ - last_poll >= poll_interval) {
       handlers = io.poll();
-      turns_since_poll = 0;
+      last_poll = turn_time_;
     }
     if (quitting_) break;
     // The turn's clock serves the spin decision too: one clock read per turn.
