@@ -44,7 +44,11 @@ Result<void> Backend::Engine::start() {
     ucp_config_modify(ucp_config, "NET_DEVICES", config.tcp_interface.c_str());
   }
   ucp_params_t params{};
-  params.field_mask = UCP_PARAM_FIELD_FEATURES;
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+  // Large regions are mapped on the engine's registration thread while the
+  // progress thread drives the workers: the context's own calls
+  // (ucp_mem_map, ucp_rkey_pack, ucp_mem_unmap) must then take its lock.
+  params.mt_workers_shared = 1;
   // Without trust, RMA is not even enabled: UCX then serves no emulated
   // get/put for anyone (see Config::trusted_peers).
   params.features = UCP_FEATURE_WAKEUP | UCP_FEATURE_AM | (rma ? UCP_FEATURE_RMA | UCP_FEATURE_AMO64 : 0);

@@ -115,6 +115,7 @@ void EngineCore::run_shutdown(const std::shared_ptr<VoidOp>& op) {
   inbox_.close(shut_down_error());
   // Maps registered but not yet answered are undone.
   undo_delayed_maps();
+  stop_registration_thread();
   // Transfers in flight get until the deadline to finish.
   progress_until([this] { return transfers_idle(); });
   close_peers();
@@ -135,9 +136,60 @@ void EngineCore::run_map(const std::shared_ptr<MapOp>& op) {
   }
   if (closed()) return answer(*op, shut_down_error());
   if (auto valid = validate_range(op->ptr, op->len); !valid) return answer(*op, std::move(valid).error());
-  auto registered = provider_map(op->ptr, op->len, op->access);
+  if (op->len >= settings.off_thread_map_bytes) return map_off_thread(op);
+  finish_map(op, register_in_provider(*op));
+}
+
+Result<EngineCore::Registration> EngineCore::register_in_provider(const MapOp& op) {
+  if (provider_map_hook) provider_map_hook(op.len);
+  return provider_map(op.ptr, op.len, op.access);
+}
+
+void EngineCore::map_off_thread(const std::shared_ptr<MapOp>& op) {
+  if (!registrar_) registrar_.emplace(1);
+  // `this`: the registrar is joined by the shutdown, which every engine
+  // runs before it is destroyed (stop_registration_thread), and the turn
+  // it posts lives in our own io_context.
+  asio::post(*registrar_, [this, op] {
+    auto registered = registrar_stopping_.load(std::memory_order_acquire) ? Result<Registration>(shut_down_error())
+                      : op->cancelled.load(std::memory_order_acquire)
+                          ? Result<Registration>(fail(errc::cancelled, "map cancelled before it ran"))
+                          : register_in_provider(*op);
+    {
+      const std::lock_guard lock(registered_off_thread_mutex_);
+      registered_off_thread_.push_back({op, std::move(registered)});
+    }
+    asio::post(io, [this] { take_maps_registered_off_thread(); });
+  });
+}
+
+void EngineCore::take_maps_registered_off_thread() {
+  std::vector<RegisteredOffThread> done;
+  {
+    const std::lock_guard lock(registered_off_thread_mutex_);
+    done.swap(registered_off_thread_);
+  }
+  for (auto& [op, registered] : done) finish_map(op, std::move(registered));
+}
+
+void EngineCore::stop_registration_thread() {
+  if (!registrar_) return;
+  // A map the provider is registering now ends as the provider decides;
+  // those still queued are not started. Either way finish_map sees the
+  // engine closed and undoes what was registered.
+  registrar_stopping_.store(true, std::memory_order_release);
+  registrar_->join();
+  take_maps_registered_off_thread();
+}
+
+void EngineCore::finish_map(const std::shared_ptr<MapOp>& op, Result<Registration> registered) {
   if (!registered) return answer(*op, std::move(registered).error());
   auto& reg = registered.value();
+  if (closed()) {
+    // Registered off the progress thread while the shutdown began.
+    (void)provider_unmap(reg.handle);
+    return answer(*op, shut_down_error());
+  }
   const RegionId id{new_id()};
   regions_.emplace(id, Region{reg.handle, static_cast<std::byte*>(op->ptr), op->len, 0, false, {}});
   live_.fetch_add(1, std::memory_order_acq_rel);
@@ -180,7 +232,11 @@ void EngineCore::deliver_map(const std::shared_ptr<MapOp>& op) {
 }
 
 void EngineCore::cancel_map(const std::shared_ptr<MapOp>& op) {
-  if (op->answered || !op->mapped) return;  // not run yet: run_map sees the flag
+  // Not run yet, or being registered off the progress thread: run_map, the
+  // registration thread or deliver_map sees the flag. A map being
+  // registered is answered only once the provider has let it go again, so
+  // that the caller never frees memory the provider is still pinning.
+  if (op->answered || !op->mapped) return;
   if (op->timer) op->timer->cancel();
   deliver_map(op);
 }

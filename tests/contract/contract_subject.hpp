@@ -45,6 +45,12 @@ struct ContractSubject {
   /// widens the "transfer in flight" window, so cancellation and unmap
   /// ordering are exercised even on a backend whose transfers are instant.
   std::function<void(std::chrono::nanoseconds)> set_transfer_delay;
+
+  /// Optional. Installs `hook`, run with a map's length just before the
+  /// provider registers it, on whichever thread registers it (an empty
+  /// function removes it): a hook that waits stands for a provider slow to
+  /// register a large region. Called only while no map is under way.
+  std::function<void(std::function<void(std::size_t)>)> set_provider_map_hook;
 };
 
 /// One backend configuration the suite is instantiated for.

@@ -23,6 +23,9 @@ inline ContractSubject make_engine_subject(std::shared_ptr<detail::EngineBackend
   subject.set_map_delay = [weak](std::chrono::nanoseconds delay) {
     if (auto b = weak.lock()) backend_kit::core_of(*b).map_answer_delay_ns.store(delay.count());
   };
+  subject.set_provider_map_hook = [weak](std::function<void(std::size_t)> hook) {
+    if (auto b = weak.lock()) backend_kit::core_of(*b).provider_map_hook = std::move(hook);
+  };
   subject.maps_handed_off = [weak]() -> std::size_t {
     auto b = weak.lock();
     return b ? backend_kit::core_of(*b).maps_answered.load() : 0;

@@ -19,12 +19,17 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 
+#include <boost/asio/thread_pool.hpp>
+
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace corma::backend_kit {
 
@@ -35,6 +40,12 @@ struct EngineSettings {
   std::size_t command_queue_capacity = 65536;
   std::chrono::milliseconds operation_timeout{30000};
   std::chrono::milliseconds shutdown_timeout{5000};
+  /// Maps of at least this many bytes are registered with the provider on
+  /// the engine's registration thread rather than on the progress thread:
+  /// pinning a large region (ibv_reg_mr, ucp_mem_map) takes time in
+  /// proportion to its pages, and the progress thread must meanwhile keep
+  /// completing every other peer's transfers.
+  std::size_t off_thread_map_bytes = std::size_t{1} << 20;
 };
 
 class EngineCore : public std::enable_shared_from_this<EngineCore> {
@@ -206,6 +217,10 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   // answered" window), and how many map results were handed over.
   std::atomic<std::int64_t> map_answer_delay_ns{0};
   std::atomic<std::size_t> maps_answered{0};
+  /// Run with the length of every map just before the provider registers
+  /// it, on whichever thread registers it: a hook that waits stands for a
+  /// provider slow to register. Set and reset only while no map is under way.
+  std::function<void(std::size_t)> provider_map_hook;
 
  protected:
   // ---- the transfer table's side (TransferEngine), progress thread ----
@@ -241,12 +256,34 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   void run_until_quit();
   void undo_delayed_maps();
   void unmap_all();
+  /// The provider's registration for `op`, made on the calling thread.
+  Result<Registration> register_in_provider(const MapOp& op);
+  /// Hands `op` to the registration thread (started on first use).
+  void map_off_thread(const std::shared_ptr<MapOp>& op);
+  /// Answers the maps the registration thread has finished.
+  void take_maps_registered_off_thread();
+  /// Shutdown: waits for the registration thread's maps and undoes them.
+  void stop_registration_thread();
+  /// Records a region the provider registered for `op` (or answers its
+  /// failure) and answers the map.
+  void finish_map(const std::shared_ptr<MapOp>& op, Result<Registration> registered);
   void deliver_map(const std::shared_ptr<MapOp>& op);
   void release_region(RegionId id);
   void unmap_now(RegionTable::iterator it);
   void arm_deadline_sweep();
 
   asio::executor_work_guard<asio::io_context::executor_type> work_ = asio::make_work_guard(io);
+  /// The registration thread (see EngineSettings::off_thread_map_bytes).
+  /// Its maps hand their results over through `registered_off_thread_`,
+  /// which the progress thread takes when the registrar posts it a turn.
+  struct RegisteredOffThread {
+    std::shared_ptr<MapOp> op;
+    Result<Registration> registered;
+  };
+  std::optional<asio::thread_pool> registrar_;
+  std::atomic<bool> registrar_stopping_{false};
+  std::mutex registered_off_thread_mutex_;
+  std::vector<RegisteredOffThread> registered_off_thread_;
   /// Shared with the progress executors handed out, which may outlive the engine.
   std::shared_ptr<CommandQueue> commands_ = std::make_shared<CommandQueue>(io);
   std::atomic<std::size_t> live_{0};
