@@ -43,7 +43,10 @@ using ResolveHandler = boost::asio::any_completion_handler<void(Result<Published
 /// once, from any thread (the owner takes the answer back to its own
 /// executor), with what ObjectResolver would return. The owner goes on
 /// serving every other request meanwhile; the acquire counts against the
-/// lease caps until it is answered.
+/// lease caps until it is answered. `done`'s cancellation slot is emitted
+/// (terminal) when the connection that asked goes away: a resolver may then
+/// stop its work and answer `cancelled`, and the owner's session does not
+/// wait for the look-up any longer than the resolver takes to answer.
 using AsyncObjectResolver = std::function<void(std::string name, ResolveHandler done)>;
 
 /// Run before a turn of look-ups (the names of the acquires from every

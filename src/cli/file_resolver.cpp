@@ -2,6 +2,7 @@
 
 #include <corma/rendezvous.hpp>
 
+#include <boost/asio/associated_cancellation_slot.hpp>
 #include <boost/asio/associated_executor.hpp>
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/post.hpp>
@@ -78,6 +79,26 @@ void complete(ResolveHandler done, Result<PublishedObject> found, const boost::a
   });
 }
 
+/// One look-up waiting for a read, answered exactly once: by the read, or
+/// `cancelled` by its caller's cancellation, whichever comes first.
+class WaitingLookup {
+ public:
+  WaitingLookup(ResolveHandler done, boost::asio::any_io_executor readers)
+      : done_(std::move(done)), readers_(std::move(readers)) {}
+
+  /// False when it was answered already.
+  bool answer(const Result<PublishedObject>& found) {
+    if (answered_.exchange(true, std::memory_order_acq_rel)) return false;
+    complete(std::move(done_), found, readers_);
+    return true;
+  }
+
+ private:
+  ResolveHandler done_;
+  boost::asio::any_io_executor readers_;
+  std::atomic<bool> answered_{false};
+};
+
 }  // namespace
 
 void FileResolver::resolve(std::string name, const boost::asio::any_io_executor& readers, ResolveHandler done) const {
@@ -85,15 +106,23 @@ void FileResolver::resolve(std::string name, const boost::asio::any_io_executor&
   if (auto kept = snapshots_->find(name)) {
     return complete(std::move(done), PublishedObject{kept->bytes(), std::move(kept)}, readers);
   }
+  auto slot = boost::asio::get_associated_cancellation_slot(done);
+  auto lookup = std::make_shared<WaitingLookup>(std::move(done), readers);
   // Consumers asking for one file at once share one read of it (a read
   // that has not begun, or one under way while nothing changed the name):
   // a cold file is read once, not once per consumer.
-  auto shared = std::make_shared<ResolveHandler>(std::move(done));
-  const SnapshotCache::Joiner joiner = [shared, readers](const Result<PublishedObject>& found) {
-    complete(std::move(*shared), found, readers);
-  };
+  const SnapshotCache::Joiner joiner = [lookup](const Result<PublishedObject>& found) { lookup->answer(found); };
   SnapshotCache::Ticket ticket;
-  if (snapshots_->join_or_begin(name, joiner, ticket)) return;
+  std::uint64_t read_id = 0;
+  const bool joined = snapshots_->join_or_begin(name, joiner, ticket, read_id);
+  if (slot.is_connected()) {
+    // The acquire was abandoned (its connection went): answered at once,
+    // and the read stops when no other look-up wants it.
+    slot.assign([lookup, snapshots = snapshots_, read_id](boost::asio::cancellation_type) {
+      if (lookup->answer(fail(errc::cancelled, "the look-up was abandoned"))) snapshots->give_up(read_id);
+    });
+  }
+  if (joined) return;
   boost::asio::post(readers, [files = *this, name = std::move(name), joiner, ticket]() {
     joiner(files.read_as(name, ticket));
   });
@@ -102,8 +131,11 @@ void FileResolver::resolve(std::string name, const boost::asio::any_io_executor&
 Result<PublishedObject> FileResolver::read_as(const std::string& name, SnapshotCache::Ticket ticket) const {
   Result<PublishedObject> found = fail(errc::backend, "reading '" + name + "' failed");
   try {
-    // A look-up that waited for a file thread may find the file read meanwhile.
-    if (auto kept = snapshots_->find(name)) {
+    // A look-up that waited for a file thread may find the file read
+    // meanwhile, or nobody waiting for it any more.
+    if (SnapshotCache::abandoned(ticket)) {
+      found = fail(errc::cancelled, "nobody wants '" + name + "' any more");
+    } else if (auto kept = snapshots_->find(name)) {
       found = PublishedObject{kept->bytes(), std::move(kept)};
     } else {
       found = read(name, ticket);

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <string>
@@ -15,9 +16,12 @@ FileSnapshot::FileSnapshot(std::size_t size, std::shared_ptr<std::atomic<std::ui
 
 FileSnapshot::~FileSnapshot() { accounted_->fetch_sub(size_); }
 
-Result<void> read_into(int fd, std::span<std::byte> out, std::string_view name) {
+Result<void> read_into(int fd, std::span<std::byte> out, std::string_view name, const std::atomic<bool>* stop) {
   for (std::size_t at = 0; at < out.size();) {
-    const auto got = ::pread(fd, out.data() + at, out.size() - at, static_cast<off_t>(at));
+    if (stop != nullptr && stop->load(std::memory_order_acquire)) {
+      return fail(errc::cancelled, "nobody wants '" + std::string(name) + "' any more");
+    }
+    const auto got = ::pread(fd, out.data() + at, std::min(out.size() - at, read_chunk), static_cast<off_t>(at));
     if (got < 0 && errno == EINTR) continue;
     if (got < 0) return fail(errc::backend, "reading '" + std::string(name) + "': " + std::strerror(errno));
     if (got == 0) return fail(errc::object_changed, "'" + std::string(name) + "' shrank while it was read");

@@ -35,7 +35,13 @@ class FileSnapshot {
 
 /// Reads `out.size()` bytes of the open file `fd` from its start into `out`
 /// (`name` for messages): `object_changed` if the file ends sooner,
-/// `backend` if reading fails.
-Result<void> read_into(int fd, std::span<std::byte> out, std::string_view name);
+/// `backend` if reading fails, `cancelled` once `stop` is set (checked
+/// between chunks of `read_chunk` bytes).
+Result<void> read_into(int fd, std::span<std::byte> out, std::string_view name,
+                       const std::atomic<bool>* stop = nullptr);
+
+/// How much read_into() reads between two looks at its stop flag: a read
+/// nobody wants any more ends within one chunk.
+inline constexpr std::size_t read_chunk = std::size_t{8} << 20;
 
 }  // namespace corma::cli

@@ -60,23 +60,35 @@ void SnapshotCache::make_room(std::uint64_t size) {
   }
 }
 
-bool SnapshotCache::join_or_begin(const std::string& name, Joiner joiner, Ticket& ticket) {
+bool SnapshotCache::join_or_begin(const std::string& name, Joiner joiner, Ticket& ticket, std::uint64_t& read_id) {
   std::lock_guard lock(mutex_);
   // The news first: a change made before this look-up marks the read it
   // would join (the same freshness as a kept snapshot's, find()).
   if (std::chrono::steady_clock::now() - refreshed_ > news_interval) refresh_locked();
   for (auto it = reading_.rbegin(); it != reading_.rend(); ++it) {
-    if (it->name != name || (it->started && (!it->kept || it->dropped))) continue;
+    if (it->name != name || it->wanted == 0 || (it->started && (!it->kept || it->dropped))) continue;
     it->joiners.push_back(std::move(joiner));
+    ++it->wanted;
+    read_id = it->id;
     return true;
   }
-  ticket = reading_.insert(reading_.end(), Reading{name});
+  ticket = reading_.emplace(reading_.end(), name, next_read_id_++);
+  read_id = ticket->id;
   return false;
 }
 
 SnapshotCache::Ticket SnapshotCache::begin(const std::string& name) {
   std::lock_guard lock(mutex_);
-  return reading_.insert(reading_.end(), Reading{name});
+  return reading_.emplace(reading_.end(), name, next_read_id_++);
+}
+
+void SnapshotCache::give_up(std::uint64_t read_id) {
+  std::lock_guard lock(mutex_);
+  for (auto& read : reading_) {
+    if (read.id != read_id) continue;
+    if (read.wanted > 0 && --read.wanted == 0) read.abandoned.store(true, std::memory_order_release);
+    return;
+  }
 }
 
 void SnapshotCache::finish(Ticket ticket, const Result<PublishedObject>& result) {
@@ -103,7 +115,7 @@ Result<std::shared_ptr<const FileSnapshot>> SnapshotCache::read(int fd, const st
     reading->dropped = false;
   }
   for (int attempt = 1;; ++attempt) {
-    auto snapshot = read_once(fd, name);
+    auto snapshot = read_once(fd, name, *reading);
     if (snapshot && keep) {
       std::lock_guard lock(mutex_);
       if (!reading->dropped) {
@@ -111,7 +123,8 @@ Result<std::shared_ptr<const FileSnapshot>> SnapshotCache::read(int fd, const st
         kept_.insert_or_assign(name, Kept{snapshot.value(), std::prev(recency_.end())});
       }
     }
-    if (snapshot || !snapshot.error().is(errc::object_changed) || attempt == read_attempts) {
+    if (snapshot || !snapshot.error().is(errc::object_changed) || attempt == read_attempts ||
+        abandoned(reading)) {
       if (!snapshot) unwatch(name);
       if (!snapshot && snapshot.error().is(errc::object_changed)) {
         return fail(errc::object_changed, "'" + name + "' was being written each of " + std::to_string(read_attempts) +
@@ -123,7 +136,8 @@ Result<std::shared_ptr<const FileSnapshot>> SnapshotCache::read(int fd, const st
   }
 }
 
-Result<std::shared_ptr<const FileSnapshot>> SnapshotCache::read_once(int fd, const std::string& name) {
+Result<std::shared_ptr<const FileSnapshot>> SnapshotCache::read_once(int fd, const std::string& name,
+                                                                     const Reading& reading) {
   CORMA_TRY(auto lease, ReadLease::take(fd, name));
   // The size too is read under the lease: nobody can change it now.
   struct stat info {};
@@ -139,7 +153,7 @@ Result<std::shared_ptr<const FileSnapshot>> SnapshotCache::read_once(int fd, con
                                            std::to_string(max_bytes_) + " bytes");
   }
   auto snapshot = std::make_shared<FileSnapshot>(size, held_);
-  CORMA_TRY(read_into(fd, snapshot->bytes(), name));
+  CORMA_TRY(read_into(fd, snapshot->bytes(), name, &reading.abandoned));
   if (!lease.intact()) return fail(errc::object_changed, "it was opened for writing while it was read");
   return std::shared_ptr<const FileSnapshot>(std::move(snapshot));
 }

@@ -55,10 +55,14 @@ class SnapshotCache {
   /// What a read hands the look-ups that joined it.
   using Joiner = std::function<void(const Result<PublishedObject>&)>;
   struct Reading {
+    explicit Reading(std::string n, std::uint64_t i) : name(std::move(n)), id(i) {}
     std::string name;
+    std::uint64_t id;             ///< what give_up() names it by
     bool started = false;         ///< the file is being read (read() began)
     bool kept = false;            ///< its snapshot is to be kept (the name is watched)
     bool dropped = false;         ///< a change to the name was seen since it started
+    std::size_t wanted = 1;       ///< look-ups that still want its result
+    std::atomic<bool> abandoned{false};  ///< none does: the read stops
     std::vector<Joiner> joiners{};  ///< handed its result by finish()
   };
   using Ticket = std::list<Reading>::iterator;
@@ -71,7 +75,13 @@ class SnapshotCache {
   /// returned. Else a read is begun: `ticket` names it, and the caller
   /// reads the file (read()) and ends the read with finish(). So consumers
   /// asking for one cold file at once read it once, within the limit.
-  bool join_or_begin(const std::string& name, Joiner joiner, Ticket& ticket);
+  /// `read_id` names the read joined or begun, for give_up().
+  bool join_or_begin(const std::string& name, Joiner joiner, Ticket& ticket, std::uint64_t& read_id);
+  /// A look-up that joined or began the read `read_id` no longer wants its
+  /// result (its acquire was abandoned). When no look-up wants it any more,
+  /// the read stops: one not yet started never opens the file, one under
+  /// way stops at its next chunk, and what it read is let go.
+  void give_up(std::uint64_t read_id);
   /// Begins a read of `name` nobody joins before it starts (for a caller
   /// that reads at once, on its own thread).
   Ticket begin(const std::string& name);
@@ -81,8 +91,14 @@ class SnapshotCache {
   /// `name` when `name` is being watched (watch()), for the read `ticket`
   /// names. `object_changed` for a file being written throughout;
   /// `not_configured` where no read lease can be had; `budget_exceeded`
-  /// when snapshots alive would pass the limit.
+  /// when snapshots alive would pass the limit; `cancelled` when every
+  /// look-up gave the read up (give_up()).
   Result<std::shared_ptr<const FileSnapshot>> read(int fd, const std::string& name, Ticket ticket);
+
+  /// Whether every look-up gave the read `ticket` names up: it need not begin.
+  [[nodiscard]] static bool abandoned(Ticket ticket) noexcept {
+    return ticket->abandoned.load(std::memory_order_acquire);
+  }
 
   /// Ends the read `ticket` names: its joiners are handed `result` (on
   /// this thread, outside the cache's lock).
@@ -101,7 +117,7 @@ class SnapshotCache {
     std::size_t operator()(std::string_view name) const noexcept { return std::hash<std::string_view>{}(name); }
   };
 
-  Result<std::shared_ptr<const FileSnapshot>> read_once(int fd, const std::string& name);
+  Result<std::shared_ptr<const FileSnapshot>> read_once(int fd, const std::string& name, const Reading& reading);
   /// Gives up kept snapshots nobody reads, least recently used first, until
   /// `size` more bytes fit the limit or none is left (under mutex_).
   void make_room(std::uint64_t size);
@@ -120,6 +136,7 @@ class SnapshotCache {
   /// nothing watches its name any more and a kept snapshot would be served
   /// after the change.
   std::list<Reading> reading_;
+  std::uint64_t next_read_id_ = 1;
 
   std::chrono::steady_clock::time_point refreshed_{};
 };

@@ -7,13 +7,20 @@
 
 #include <gtest/gtest.h>
 
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/cancellation_signal.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
 
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <array>
 #include <cstdlib>
+#include <optional>
 #include <filesystem>
 #include <fstream>
 #include <latch>
@@ -49,6 +56,67 @@ class FileResolverTest : public ::testing::Test {
 
   fs::path dir;
 };
+
+TEST_F(FileResolverTest, AReadNobodyWantsAnyMoreIsNotMadeAndAReadOthersWantGoesOn) {
+  // Three look-ups of one cold file share one read, queued behind a busy
+  // file thread. One is given up: the read is still made for the other two.
+  // Then both of those are given up too: the read is not made at all, and
+  // nothing is held or kept.
+  constexpr std::size_t size = 1 << 20;
+  write_file("cold", size, 'c');
+  write_file("other", size, 'o');
+  auto resolver = FileResolver::create(dir, 8 * size).value();
+  boost::asio::thread_pool readers(1);
+  boost::asio::io_context asking;  // where the look-ups are answered and given up
+  std::latch busy(1);
+  boost::asio::post(readers, [&] { busy.wait(); });
+
+  struct Asker {
+    boost::asio::cancellation_signal give_up;
+    std::optional<Result<PublishedObject>> found;
+  };
+  std::array<Asker, 3> cold;
+  Asker other;
+  const auto ask = [&](const std::string& name, Asker& asker) {
+    resolver.resolve(name, readers.get_executor(),
+                     boost::asio::bind_cancellation_slot(
+                         asker.give_up.slot(), boost::asio::bind_executor(asking, [&asker](Result<PublishedObject> r) {
+                           asker.found.emplace(std::move(r));
+                         })));
+  };
+  resolver.refresh();
+  for (auto& asker : cold) ask("cold", asker);
+  ask("other", other);
+  const auto run_until = [&](const auto& done) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (!done() && std::chrono::steady_clock::now() < deadline) {
+      asking.restart();
+      asking.run_one_for(std::chrono::milliseconds(10));
+    }
+    return done();
+  };
+
+  // Given up while the read waits for its thread: answered at once.
+  cold[0].give_up.emit(boost::asio::cancellation_type::terminal);
+  other.give_up.emit(boost::asio::cancellation_type::terminal);
+  ASSERT_TRUE(run_until([&] { return cold[0].found && other.found; })) << "a look-up given up was not answered";
+  EXPECT_FALSE(cold[0].found->has_value());
+  EXPECT_TRUE(cold[0].found->error().is(errc::cancelled)) << cold[0].found->error().message();
+  EXPECT_TRUE(other.found->error().is(errc::cancelled));
+  busy.count_down();
+  ASSERT_TRUE(run_until([&] { return cold[1].found && cold[2].found; }));
+  for (auto* asker : {&cold[1], &cold[2]}) {
+    ASSERT_TRUE(*asker->found) << asker->found->error().message();
+    EXPECT_EQ(asker->found->value().bytes.size(), size);
+  }
+  EXPECT_EQ(resolver.snapshot_bytes(), size) << "the read nobody wanted was made";
+  readers.join();
+  for (auto& asker : cold) asker.found.reset();
+  // The file read nobody wanted is not kept: the next look-up reads it.
+  auto later = fetch(resolver, "other");
+  ASSERT_TRUE(later) << later.error().message();
+  EXPECT_EQ(first_byte(later.value()), 'o');
+}
 
 TEST_F(FileResolverTest, AnUnchangedFileIsReadOnceAndKeptWhileNobodyReadsIt) {
   write_file("a", 4096, 'a');

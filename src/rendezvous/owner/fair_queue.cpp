@@ -25,7 +25,10 @@ std::size_t FairQueue::run(std::size_t budget) {
     done += units;
     queue.served += units;
     const bool job_done = job->finished();
-    if (job_done) queue.jobs.pop_front();
+    if (job_done) {
+      queue.jobs.pop_front();
+      remember_ran(connection, job);
+    }
     if (queue.jobs.empty()) {
       queues_.erase(connection);  // it starts again from the clock
     } else {
@@ -41,12 +44,28 @@ std::size_t FairQueue::queued(std::uint64_t connection) const {
   return it == queues_.end() ? 0 : it->second.jobs.size();
 }
 
+void FairQueue::remember_ran(std::uint64_t connection, const std::shared_ptr<Job>& job) {
+  auto& ran = ran_[connection];
+  ran.jobs.push_back(job);
+  if (ran.jobs.size() >= std::max<std::size_t>(2 * ran.after_sweep, 16)) {
+    std::erase_if(ran.jobs, [](const std::weak_ptr<Job>& j) { return j.expired(); });
+    ran.after_sweep = ran.jobs.size();
+  }
+}
+
 void FairQueue::drop(std::uint64_t connection) {
-  auto it = queues_.find(connection);
-  if (it == queues_.end()) return;
-  auto jobs = std::move(it->second.jobs);
-  ready_.erase({it->second.served, connection});
-  queues_.erase(it);
+  std::vector<std::shared_ptr<Job>> jobs;
+  if (auto it = queues_.find(connection); it != queues_.end()) {
+    jobs.assign(it->second.jobs.begin(), it->second.jobs.end());
+    ready_.erase({it->second.served, connection});
+    queues_.erase(it);
+  }
+  if (auto it = ran_.find(connection); it != ran_.end()) {
+    for (const auto& weak : it->second.jobs) {
+      if (auto job = weak.lock()) jobs.push_back(std::move(job));
+    }
+    ran_.erase(it);
+  }
   for (auto& job : jobs) job->abandon();
 }
 

@@ -19,6 +19,7 @@
 #include <set>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 namespace corma::rendezvous {
 
@@ -47,7 +48,8 @@ class FairQueue {
   /// at most `units_per_go` at a go; the units done.
   std::size_t run(std::size_t budget);
 
-  /// Abandons every job queued for `connection`.
+  /// Abandons every job of `connection`: those queued, and those that ran
+  /// to their end with parts still under way (a look-up, a registration).
   void drop(std::uint64_t connection);
 
   /// Jobs queued for `connection` that have not run to their end.
@@ -65,7 +67,16 @@ class FairQueue {
     std::uint64_t served = 0;  ///< units done for this connection, on the shared clock
   };
 
+  /// Jobs of a connection that ran to their end, known while they live
+  /// (parts under way hold them), so that drop() reaches them too.
+  struct Ran {
+    std::vector<std::weak_ptr<Job>> jobs;
+    std::size_t after_sweep = 0;  ///< swept of jobs gone when it has doubled since
+  };
+  void remember_ran(std::uint64_t connection, const std::shared_ptr<Job>& job);
+
   std::unordered_map<std::uint64_t, Queue> queues_;
+  std::unordered_map<std::uint64_t, Ran> ran_;
   std::set<std::pair<std::uint64_t, std::uint64_t>> ready_;  ///< (served, connection) with jobs queued
   std::uint64_t clock_ = 0;  ///< `served` of the connection run last
 };

@@ -4,6 +4,8 @@
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/async_result.hpp>
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/bind_executor.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
@@ -147,24 +149,30 @@ std::uint64_t Owner::State::resolved_generation(const std::string& name, const P
   return generation;
 }
 
-asio::awaitable<Result<PublishedObject>> Owner::State::resolve(std::string name) {
+asio::awaitable<Result<PublishedObject>> Owner::State::resolve(std::string name, asio::cancellation_slot abandoned) {
   auto self = shared_from_this();
   auto lookup = async_resolver;  // kept: a resolver set meanwhile does not pull it away
   co_return co_await asio::async_initiate<decltype(asio::use_awaitable), void(Result<PublishedObject>)>(
-      [&lookup, &name, ex = executor](auto handler) {
-        // Answered from any thread: taken back to the owner's executor.
-        lookup(std::move(name), ResolveHandler([ex, done = std::move(handler)](Result<PublishedObject> found) mutable {
-                 asio::post(ex, [done = std::move(done), found = std::move(found)]() mutable {
-                   std::move(done)(std::move(found));
-                 });
-               }));
+      [&lookup, &name, ex = executor, abandoned](auto handler) {
+        // Answered from any thread: taken back to the owner's executor,
+        // which is also the handler's own (so that a resolver answering on
+        // "the handler's executor" does not queue the answer behind its own
+        // work). The resolver sees `abandoned` as its handler's cancellation
+        // slot (the coroutine's own is not connected: acquires run detached).
+        auto back_home = [ex, done = std::move(handler)](Result<PublishedObject> found) mutable {
+          asio::post(ex, [done = std::move(done), found = std::move(found)]() mutable {
+            std::move(done)(std::move(found));
+          });
+        };
+        lookup(std::move(name),
+               ResolveHandler(asio::bind_executor(ex, asio::bind_cancellation_slot(abandoned, std::move(back_home)))));
       },
       asio::use_awaitable);
 }
 
-asio::awaitable<Grant> Owner::State::complete_acquire(PendingAcquire pending) {
+asio::awaitable<Grant> Owner::State::complete_acquire(PendingAcquire pending, asio::cancellation_slot abandoned) {
   if (pending.unresolved) {
-    auto object = co_await resolve(pending.lease.name);
+    auto object = co_await resolve(pending.lease.name, abandoned);
     auto decided = decide(std::move(pending), std::move(object));
     if (auto* grant = std::get_if<Grant>(&decided)) co_return std::move(*grant);
     pending = std::get<PendingAcquire>(std::move(decided));

@@ -123,7 +123,9 @@ asio::awaitable<Message> Owner::State::push(std::uint64_t session, Push request)
   // an asynchronous one asked off the loop.
   if (refresh_resolver) refresh_resolver();
   Result<PublishedObject> object = find(request.name);
-  if (!published.contains(request.name) && async_resolver) object = co_await resolve(request.name);
+  // Not given up with its connection (a push's look-up is one of a few in
+  // flight per connection, not a queue of them).
+  if (!published.contains(request.name) && async_resolver) object = co_await resolve(request.name, {});
   if (!object) {
     if (!object.error().is(errc::region_not_found)) co_return error_reply(object.error());
     ++stats.not_found;

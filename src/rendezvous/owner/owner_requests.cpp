@@ -10,6 +10,7 @@
 #include <boost/asio/use_awaitable.hpp>
 
 #include <algorithm>
+#include <list>
 
 namespace corma {
 
@@ -65,8 +66,10 @@ class AcquireJob final : public Job, public std::enable_shared_from_this<Acquire
         continue;
       }
       ++registering_;
+      auto& abandoned = lookups_abandoned_.emplace_back();
       asio::co_spawn(state_->executor,
-                     register_one(shared_from_this(), at, std::get<State::PendingAcquire>(std::move(prepared))),
+                     register_one(shared_from_this(), at, std::get<State::PendingAcquire>(std::move(prepared)),
+                                  abandoned.slot()),
                      asio::detached);
     }
     answer_when_done();
@@ -77,14 +80,17 @@ class AcquireJob final : public Job, public std::enable_shared_from_this<Acquire
 
   void abandon() override {
     abandoned_ = true;
+    // Look-ups still under way (a cold file being read) are given up: the
+    // connection waits for this job, and nobody will read its answer.
+    for (auto& lookup : lookups_abandoned_) lookup.emit(asio::cancellation_type::terminal);
     answer_when_done();
   }
 
  private:
   static asio::awaitable<void> register_one(std::shared_ptr<AcquireJob> self, std::size_t at,
-                                            State::PendingAcquire pending) {
+                                            State::PendingAcquire pending, asio::cancellation_slot abandoned) {
     try {
-      self->grants_[at] = co_await self->state_->complete_acquire(std::move(pending));
+      self->grants_[at] = co_await self->state_->complete_acquire(std::move(pending), abandoned);
     } catch (const std::exception& e) {
       self->grants_[at] = failed_to_answer(e);
     }
@@ -119,6 +125,8 @@ class AcquireJob final : public Job, public std::enable_shared_from_this<Acquire
   std::vector<Grant> grants_;
   std::size_t next_ = 0;         // the next name to look up
   std::size_t registering_ = 0;  // names whose registration is under way
+  /// One per name being registered: emitted when the job is abandoned.
+  std::list<asio::cancellation_signal> lookups_abandoned_;
   bool abandoned_ = false;
   bool answered_ = false;
 };

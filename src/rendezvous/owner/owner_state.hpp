@@ -14,6 +14,7 @@
 #include <corma/owner.hpp>
 
 #include <boost/asio/awaitable.hpp>
+#include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
 
@@ -221,8 +222,9 @@ struct Owner::State : std::enable_shared_from_this<State> {
   // ---- objects, leases, batches (owner_leases.cpp) ----
 
   Result<PublishedObject> find(std::string_view name);
-  /// A name the async resolver looks up, answered on the owner's executor.
-  Awaitable<Result<PublishedObject>> resolve(std::string name);
+  /// A name the async resolver looks up, answered on the owner's executor;
+  /// `abandoned` cancels the look-up (its acquire's connection went).
+  Awaitable<Result<PublishedObject>> resolve(std::string name, boost::asio::cancellation_slot abandoned);
 
   /// Leases `session` holds, and acquires it has under way.
   std::size_t leases_of(std::uint64_t session) const;
@@ -284,7 +286,9 @@ struct Owner::State : std::enable_shared_from_this<State> {
 
   /// The rest: looks the name up if the async resolver has it, registers
   /// the object (or its first window) and answers.
-  Awaitable<Grant> complete_acquire(PendingAcquire pending);
+  /// `abandoned` is emitted when the acquire's connection goes: a look-up
+  /// still under way is then given up (the resolver may stop reading).
+  Awaitable<Grant> complete_acquire(PendingAcquire pending, boost::asio::cancellation_slot abandoned);
 
   /// An acquire's answer once its object is found: chunked when it needs
   /// no registration (or cannot have one), the export at hand when one is,
