@@ -1,6 +1,7 @@
 #include "backend_kit/engine_core.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <vector>
 
 namespace corma::backend_kit {
@@ -136,8 +137,22 @@ void EngineCore::run_map(const std::shared_ptr<MapOp>& op) {
   }
   if (closed()) return answer(*op, shut_down_error());
   if (auto valid = validate_range(op->ptr, op->len); !valid) return answer(*op, std::move(valid).error());
-  if (op->len >= settings.off_thread_map_bytes) return map_off_thread(op);
-  finish_map(op, register_in_provider(*op));
+  if (maps_off_thread(op->len)) return map_off_thread(op);
+  if (op->len < settings.off_thread_map_bytes) return finish_map(op, register_in_provider(*op));
+  const auto started = std::chrono::steady_clock::now();
+  auto registered = register_in_provider(*op);
+  note_map_time(op->len, std::chrono::steady_clock::now() - started);
+  finish_map(op, std::move(registered));
+}
+
+bool EngineCore::maps_off_thread(std::size_t len) const noexcept {
+  if (len < settings.off_thread_map_bytes) return false;
+  const auto seen = map_ns_by_size_class_[std::bit_width(len)];
+  return seen == 0 || std::chrono::nanoseconds(seen) >= settings.inline_map_limit;
+}
+
+void EngineCore::note_map_time(std::size_t len, std::chrono::nanoseconds took) noexcept {
+  map_ns_by_size_class_[std::bit_width(len)] = std::max<std::uint64_t>(static_cast<std::uint64_t>(took.count()), 1);
 }
 
 Result<EngineCore::Registration> EngineCore::register_in_provider(const MapOp& op) {
@@ -151,13 +166,16 @@ void EngineCore::map_off_thread(const std::shared_ptr<MapOp>& op) {
   // runs before it is destroyed (stop_registration_thread), and the turn
   // it posts lives in our own io_context.
   asio::post(*registrar_, [this, op] {
+    const auto started = std::chrono::steady_clock::now();
     auto registered = registrar_stopping_.load(std::memory_order_acquire) ? Result<Registration>(shut_down_error())
                       : op->cancelled.load(std::memory_order_acquire)
                           ? Result<Registration>(fail(errc::cancelled, "map cancelled before it ran"))
                           : register_in_provider(*op);
+    const std::chrono::nanoseconds took = registered ? std::chrono::steady_clock::now() - started
+                                                     : std::chrono::nanoseconds(0);
     {
       const std::lock_guard lock(registered_off_thread_mutex_);
-      registered_off_thread_.push_back({op, std::move(registered)});
+      registered_off_thread_.push_back({op, std::move(registered), took});
     }
     asio::post(io, [this] { take_maps_registered_off_thread(); });
   });
@@ -169,7 +187,10 @@ void EngineCore::take_maps_registered_off_thread() {
     const std::lock_guard lock(registered_off_thread_mutex_);
     done.swap(registered_off_thread_);
   }
-  for (auto& [op, registered] : done) finish_map(op, std::move(registered));
+  for (auto& [op, registered, took] : done) {
+    if (took.count() > 0) note_map_time(op->len, took);
+    finish_map(op, std::move(registered));
+  }
 }
 
 void EngineCore::stop_registration_thread() {

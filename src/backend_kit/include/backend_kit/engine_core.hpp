@@ -21,6 +21,7 @@
 
 #include <boost/asio/thread_pool.hpp>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -40,12 +41,19 @@ struct EngineSettings {
   std::size_t command_queue_capacity = 65536;
   std::chrono::milliseconds operation_timeout{30000};
   std::chrono::milliseconds shutdown_timeout{5000};
-  /// Maps of at least this many bytes are registered with the provider on
-  /// the engine's registration thread rather than on the progress thread:
-  /// pinning a large region (ibv_reg_mr, ucp_mem_map) takes time in
-  /// proportion to its pages, and the progress thread must meanwhile keep
-  /// completing every other peer's transfers.
+  /// Maps of at least this many bytes may be registered with the provider
+  /// on the engine's registration thread rather than on the progress
+  /// thread: pinning a large region (ibv_reg_mr) takes time in proportion
+  /// to its pages, and the progress thread must meanwhile keep completing
+  /// every other peer's transfers.
   std::size_t off_thread_map_bytes = std::size_t{1} << 20;
+  /// Such a map is registered on the progress thread after all when the
+  /// provider's last registration of a region of the same size class (a
+  /// power of two) took less than this: the hand-over to the registration
+  /// thread and back costs two thread wake-ups, tens of microseconds, which
+  /// a provider that pins nothing (UCX over tcp or shared memory) would pay
+  /// for a map of a few microseconds.
+  std::chrono::microseconds inline_map_limit{50};
 };
 
 class EngineCore : public std::enable_shared_from_this<EngineCore> {
@@ -258,6 +266,11 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   void unmap_all();
   /// The provider's registration for `op`, made on the calling thread.
   Result<Registration> register_in_provider(const MapOp& op);
+  /// Whether `len` bytes are registered on the registration thread: large,
+  /// and of a size class not seen yet or seen to take the provider long.
+  [[nodiscard]] bool maps_off_thread(std::size_t len) const noexcept;
+  /// Records how long the provider took to register `len` bytes.
+  void note_map_time(std::size_t len, std::chrono::nanoseconds took) noexcept;
   /// Hands `op` to the registration thread (started on first use).
   void map_off_thread(const std::shared_ptr<MapOp>& op);
   /// Answers the maps the registration thread has finished.
@@ -279,7 +292,12 @@ class EngineCore : public std::enable_shared_from_this<EngineCore> {
   struct RegisteredOffThread {
     std::shared_ptr<MapOp> op;
     Result<Registration> registered;
+    std::chrono::nanoseconds took{0};
   };
+  /// The provider's last registration time, in nanoseconds, for maps of
+  /// off_thread_map_bytes or more, by size class (the bit width of the
+  /// length); 0 where none was seen. Progress thread.
+  std::array<std::uint64_t, 65> map_ns_by_size_class_{};
   std::optional<asio::thread_pool> registrar_;
   std::atomic<bool> registrar_stopping_{false};
   std::mutex registered_off_thread_mutex_;
