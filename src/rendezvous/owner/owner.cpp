@@ -31,17 +31,13 @@ Owner::~Owner() { stop(); }
 void Owner::publish(std::string name, PublishedObject object) {
   // New bytes under an old name: the old export must not be handed out again.
   state_->forget_export(name);
-  state_->publications[name] = ++state_->last_generation;
-  state_->published[std::move(name)] = std::move(object);
+  state_->publications.publish(std::move(name), std::move(object));
 }
 
 bool Owner::unpublish(std::string_view name) {
-  auto it = state_->published.find(name);
-  if (it == state_->published.end()) return false;
-  state_->forget_export(it->first);
-  state_->publications.erase(state_->publications.find(name));
-  state_->published.erase(it);
-  return true;
+  if (!state_->publications.contains(name)) return false;
+  state_->forget_export(std::string(name));
+  return state_->publications.unpublish(name);
 }
 
 void Owner::set_resolver(ObjectResolver resolver, ResolverRefresh refresh) {
@@ -112,7 +108,7 @@ void Owner::stop() {
     boost::system::error_code ignored;
     acceptor->cancel(ignored);  // the accept loop ends; the acceptor stays open
   }
-  if (state.dispatcher_waiting) state.work_arrived.cancel();
+  state.work.wake();
   for (const auto& connection : state.connections) connection->close();
   for (auto& [id, lease] : state.leases) {
     if (lease.exported) state.retired.push_back(std::move(lease.exported));
@@ -121,7 +117,7 @@ void Owner::stop() {
   state.session_leases.clear();
   state.windowed_leases = 0;
   // Nothing is lent again: the cached exports go (the ones leases read, with them).
-  for (const auto& [name, object] : state.published) state.forget_export(name);
+  state.publications.for_each_name([&state](const std::string& name) { state.forget_export(name); });
 }
 
 OwnerStats Owner::stats() const {

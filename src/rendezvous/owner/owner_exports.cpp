@@ -17,11 +17,6 @@ namespace corma {
 namespace asio = boost::asio;
 using namespace rendezvous;
 
-std::uint64_t Owner::State::publication_of(std::string_view name) const {
-  auto it = publications.find(name);
-  return it == publications.end() ? 0 : it->second;
-}
-
 bool Owner::State::covers(const Export& exported, const PublishedObject& object) {
   const auto registered = exported.guard.bytes();
   return registered.data() == object.bytes.data() && registered.size() == object.bytes.size();
@@ -60,7 +55,7 @@ RegistrationOptions Owner::State::export_options(const PublishedObject& object, 
 asio::awaitable<Result<std::shared_ptr<Export>>> Owner::State::register_export(const std::string& name,
                                                                                const PublishedObject& object,
                                                                                bool cacheable) {
-  const auto publication = publication_of(name);
+  const auto publication = publications.publication_of(name);
   // Registered read-only: peers may get from it, never put into it.
   std::span<std::byte> memory(const_cast<std::byte*>(object.bytes.data()), object.bytes.size());
   auto options = export_options(object, cacheable);
@@ -75,7 +70,7 @@ asio::awaitable<Result<std::shared_ptr<Export>>> Owner::State::register_export(c
   if (!guard) co_return std::move(guard).error();
   CORMA_CO_TRY(auto descriptor, describe(guard.value().remote()));
   auto exported = std::make_shared<Export>(std::move(guard).value(), std::move(descriptor), object.keepalive);
-  if (publication_of(name) == publication) {
+  if (publications.publication_of(name) == publication) {
     if (exports.size() >= 2 * std::max<std::size_t>(exports_after_sweep, 64)) {
       std::erase_if(exports, [](const auto& entry) { return entry.second.expired(); });
       exports_after_sweep = exports.size();
@@ -91,11 +86,11 @@ asio::awaitable<Result<std::shared_ptr<Export>>> Owner::State::register_export(c
 
 void Owner::State::forget_export(const std::string& name) {
   exports.erase(name);
-  auto old = published.find(name);
+  const auto* old = publications.find(name);
   // Nothing was registered without a registry (everything is served in chunks).
-  if (old == published.end() || !config.cache_exports || !registry) return;
+  if (old == nullptr || !config.cache_exports || !registry) return;
   // Its cached registration is shared no more; idle, it is deregistered now.
-  registry->async_invalidate(old->second.bytes, asio::detached);
+  registry->async_invalidate(old->bytes, asio::detached);
 }
 
 std::uint64_t Owner::State::window_length(const std::byte* start, std::uint64_t remaining, std::size_t sharers) const {

@@ -17,7 +17,7 @@ namespace asio = boost::asio;
 using namespace rendezvous;
 
 Result<PublishedObject> Owner::State::find(std::string_view name) {
-  if (auto it = published.find(name); it != published.end()) return it->second;
+  if (const auto* object = publications.find(name)) return *object;
   if (resolver) return resolver(name);
   return fail(errc::region_not_found, "no object named '" + std::string(name) + "'");
 }
@@ -61,9 +61,7 @@ std::map<std::uint64_t, Lease>::iterator Owner::State::erase_lease(std::map<std:
 }
 
 bool Owner::State::republished_since(const Lease& lease) const {
-  if (!lease.publication) return false;
-  auto it = publications.find(lease.name);
-  return it == publications.end() || it->second != *lease.publication;
+  return lease.publication && publications.publication_of(lease.name) != *lease.publication;
 }
 
 Lease* Owner::State::lease_of(std::uint64_t session, std::uint64_t id) {
@@ -86,7 +84,7 @@ Owner::State::PreparedAcquire Owner::State::prepare_acquire(std::uint64_t sessio
     return error_reply(*refused);
   }
   PendingAcquire pending{Lease{session, request.name, {}, std::nullopt, 0, nullptr, {}},
-                         published.contains(request.name),
+                         publications.contains(request.name),
                          windows,
                          nullptr,
                          false,
@@ -113,10 +111,11 @@ Owner::State::PreparedAcquire Owner::State::decide(PendingAcquire pending, Resul
   auto& lease = pending.lease;
   const std::uint64_t size = object.value().bytes.size();
   lease.object = std::move(object).value();
-  if (auto it = publications.find(lease.name); it != publications.end() && pending.cacheable) {
-    lease.publication = it->second;
+  if (const auto publication = publications.publication_of(lease.name); publication != 0 && pending.cacheable) {
+    lease.publication = publication;
   }
-  lease.generation = lease.publication ? *lease.publication : resolved_generation(lease.name, lease.object);
+  lease.generation =
+      lease.publication ? *lease.publication : publications.resolved_generation(lease.name, lease.object);
   if (draining) return grant_lease(std::move(lease), ChunkedReason::draining);
   if (!pending.wants_rdma || !pending.rdma_peer) return grant_lease(std::move(lease), ChunkedReason::no_offer);
   if (size < config.rdma_threshold) return grant_lease(std::move(lease), ChunkedReason::below_threshold);
@@ -127,26 +126,6 @@ Owner::State::PreparedAcquire Owner::State::decide(PendingAcquire pending, Resul
   if (!pending.under_way) pending.under_way = std::make_unique<AcquireUnderWay>(*this, lease.session);
   pending.unresolved = false;
   return pending;
-}
-
-std::uint64_t Owner::State::resolved_generation(const std::string& name, const PublishedObject& object) {
-  const auto same_version = [&object](const ResolvedVersion& known) {
-    // The same owner of the bytes, alive: compared by control block, so a
-    // new keepalive at a freed one's address is never taken for it.
-    return object.keepalive && !known.keepalive.expired() && !known.keepalive.owner_before(object.keepalive) &&
-           !object.keepalive.owner_before(known.keepalive);
-  };
-  if (auto it = resolved_versions.find(name); it != resolved_versions.end() && same_version(it->second)) {
-    return it->second.generation;
-  }
-  const auto generation = ++last_generation;
-  if (!object.keepalive) return generation;
-  resolved_versions.insert_or_assign(name, ResolvedVersion{object.keepalive, generation});
-  if (resolved_versions.size() >= std::max<std::size_t>(2 * resolved_after_sweep, 64)) {
-    std::erase_if(resolved_versions, [](const auto& entry) { return entry.second.keepalive.expired(); });
-    resolved_after_sweep = resolved_versions.size();
-  }
-  return generation;
 }
 
 asio::awaitable<Result<PublishedObject>> Owner::State::resolve(std::string name, asio::cancellation_slot abandoned) {

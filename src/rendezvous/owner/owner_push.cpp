@@ -125,7 +125,7 @@ asio::awaitable<Message> Owner::State::push(std::uint64_t session, Push request)
   Result<PublishedObject> object = find(request.name);
   // Not given up with its connection (a push's look-up is one of a few in
   // flight per connection, not a queue of them).
-  if (!published.contains(request.name) && async_resolver) object = co_await resolve(request.name, {});
+  if (!publications.contains(request.name) && async_resolver) object = co_await resolve(request.name, {});
   if (!object) {
     if (!object.error().is(errc::region_not_found)) co_return error_reply(object.error());
     ++stats.not_found;
@@ -138,9 +138,10 @@ asio::awaitable<Message> Owner::State::push(std::uint64_t session, Push request)
     co_return refusal(errc::out_of_range, "the landing holds " + std::to_string(landing.value().len) +
                                               " bytes, the object " + std::to_string(size));
   }
-  const bool published_here = published.contains(request.name);
-  const auto publication = publication_of(request.name);
-  const auto generation = published_here ? publication : resolved_generation(request.name, object.value());
+  const bool published_here = publications.contains(request.name);
+  const auto publication = publications.publication_of(request.name);
+  const auto generation =
+      published_here ? publication : publications.resolved_generation(request.name, object.value());
   auto backend = registry->backend();
   std::shared_ptr<Export> source;
   if (size > 0) {
@@ -177,7 +178,7 @@ asio::awaitable<Message> Owner::State::push(std::uint64_t session, Push request)
   }
   if (!written) co_return error_reply(written.error());
   if (!done) co_return error_reply(done.error());
-  if (published_here && publication_of(request.name) != publication) {
+  if (published_here && publications.publication_of(request.name) != publication) {
     co_return refusal(errc::object_changed, "the object was published again while it was pushed");
   }
   ++stats.pushes;

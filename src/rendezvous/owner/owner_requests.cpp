@@ -10,6 +10,7 @@
 #include <boost/asio/use_awaitable.hpp>
 
 #include <algorithm>
+#include <functional>
 #include <list>
 
 namespace corma {
@@ -193,49 +194,16 @@ void Owner::State::queue_request(const Session& session, AnswerQueue& answers, F
     job = std::make_shared<WindowJob>(*this, session, answers, frame.request_id, std::get<NextWindow>(frame.message));
   }
   work.push(session.id, std::move(job));
-  if (dispatcher_waiting) work_arrived.cancel();
-}
-
-asio::awaitable<void> Owner::State::until_work_taken(std::uint64_t session) {
-  if (work.queued(session) < max_jobs_queued) co_return;
-  asio::steady_timer woken(executor, asio::steady_timer::time_point::max());
-  struct Listed {  // unlisted however the wait ends
-    std::unordered_map<std::uint64_t, asio::steady_timer*>& readers;
-    std::uint64_t session;
-    ~Listed() { readers.erase(session); }
-  } listed{readers_waiting, session};
-  readers_waiting[session] = &woken;
-  while (work.queued(session) >= max_jobs_queued) {
-    (void)co_await woken.async_wait(asio::as_tuple(asio::use_awaitable));
-    woken.expires_at(asio::steady_timer::time_point::max());
-  }
 }
 
 asio::awaitable<void> Owner::State::dispatch() {
   auto self = shared_from_this();
-  while (!draining || !work.empty()) {
-    if (work.empty()) {
-      dispatcher_waiting = true;
-      work_arrived.expires_at(asio::steady_timer::time_point::max());
-      (void)co_await work_arrived.async_wait(asio::as_tuple(asio::use_awaitable));
-      dispatcher_waiting = false;
-      continue;
-    }
-    // Once per turn, not per name: every name of the turn sees what changed
-    // before its request arrived.
+  // Named, not temporaries in the co_await (g++ 12 destroys those twice).
+  std::function<bool()> stopping = [this] { return draining; };
+  std::function<void()> before_turn = [this] {
     if (refresh_resolver) refresh_resolver();
-    // A turn is bounded by time, not names: what a name costs varies a
-    // hundredfold (a cached file, a first registration, a slow machine),
-    // and a newcomer's request, read after this turn, goes first in the
-    // next one (fair_queue.hpp), so it waits for about one turn.
-    const auto turn_ends = std::chrono::steady_clock::now() + max_work_turn;
-    do {
-      work.run(FairQueue::units_per_go);
-    } while (!work.empty() && std::chrono::steady_clock::now() < turn_ends);
-    // The connections' reads and writes (a newcomer's hello among them) go
-    // before the next turn.
-    co_await asio::post(executor, asio::use_awaitable);
-  }
+  };
+  co_await work.run(std::move(stopping), std::move(before_turn));
 }
 
 }  // namespace corma

@@ -138,7 +138,7 @@ asio::awaitable<void> Owner::State::session(asio::ip::tcp::socket socket) {
     // hello waits for at most one frame of each.
     if (served > 1) co_await asio::post(executor, asio::use_awaitable);
     co_await answers.until_below(in_flight, names_in_flight);
-    co_await until_work_taken(session_id);
+    co_await work.until_taken(session_id);
     if (!connection->is_open()) break;
     auto frame = co_await connection->read(config.idle_timeout, config.io_timeout);
     if (!frame) {

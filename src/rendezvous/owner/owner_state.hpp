@@ -3,11 +3,16 @@
 // (registrations, the export cache, windows), owner_session.cpp (one
 // connection: its hello, its requests worked on concurrently), owner_push.cpp
 // (writing objects into consumers' memory) and owner.cpp
-// (the public operations).
+// (the public operations). Parts with one job of their own are objects of
+// their own, each written only through its operations: the objects
+// published and the generations lent (publications.hpp), and the queue of
+// acquires and windows with the coroutine that runs it
+// (work_dispatcher.hpp).
 #pragma once
 
 #include "rendezvous/owner/answer_queue.hpp"
-#include "rendezvous/owner/fair_queue.hpp"
+#include "rendezvous/owner/publications.hpp"
+#include "rendezvous/owner/work_dispatcher.hpp"
 #include "rendezvous/protocol/framed_connection.hpp"
 #include "rendezvous/protocol/messages.hpp"
 
@@ -69,7 +74,7 @@ struct Lease {
   std::optional<std::uint64_t> publication;
   /// Which version of the object the lease reads (told to version 5
   /// consumers): its publication, or the number given to the version the
-  /// resolver found (Owner::State::resolved_generation).
+  /// resolver found (Publications::resolved_generation).
   std::uint64_t generation = 0;
   std::shared_ptr<Export> exported;  // empty for chunked leases; the current window for windowed ones
   clock_type::time_point deadline;
@@ -123,31 +128,8 @@ struct Owner::State : std::enable_shared_from_this<State> {
   std::shared_ptr<Registry> registry;
   OwnerConfig config;
 
-  std::map<std::string, PublishedObject, std::less<>> published;
-  /// Each published name's publication, a number never given twice (not a
-  /// per-name count: a name unpublished and published again must not come
-  /// back with a number an old lease remembers). A lease remembers the one
-  /// it read, so its release can tell whether the object changed meanwhile.
-  std::map<std::string, std::uint64_t, std::less<>> publications;
-  /// Publications and resolved versions draw their generation from this one
-  /// counter, so a number never names two versions of one name.
-  std::uint64_t last_generation = 0;
-  /// The version of each name the resolver last found, known by its
-  /// keepalive (FileResolver's kept snapshot: the same one while the file
-  /// is unchanged), and the generation given to it. Swept of versions gone
-  /// when it has doubled, like `exports`.
-  struct ResolvedVersion {
-    std::weak_ptr<const void> keepalive;
-    std::uint64_t generation = 0;
-  };
-  std::map<std::string, ResolvedVersion, std::less<>> resolved_versions;
-  std::size_t resolved_after_sweep = 0;
-  /// The generation of what the resolver found for `name`: the one given
-  /// before when it is the same version (the same keepalive, still alive),
-  /// else a new one. A resolver whose answers carry no keepalive gets a new
-  /// generation per look-up: equal generations always mean the same bytes,
-  /// different ones only maybe different bytes.
-  std::uint64_t resolved_generation(const std::string& name, const PublishedObject& object);
+  /// The objects published by name and the generations of what is lent.
+  rendezvous::Publications publications;
   ObjectResolver resolver;
   /// Set instead of `resolver`: names are looked up off the event loop.
   AsyncObjectResolver async_resolver;
@@ -192,32 +174,12 @@ struct Owner::State : std::enable_shared_from_this<State> {
   bool draining = false;
   OwnerStats stats;
   boost::asio::steady_timer reaper;
-  /// Acquires and windows of every connection, taken in turns by cost
-  /// (fair_queue.hpp) by dispatch(), a turn at a time (gos until
-  /// max_work_turn has passed), each turn followed by the connections' I/O.
-  rendezvous::FairQueue work;
-  static constexpr std::chrono::microseconds max_work_turn{2000};
-  /// Woken (cancelled) when work arrives while dispatch() waits for it.
-  boost::asio::steady_timer work_arrived;
-  bool dispatcher_waiting = false;
-  /// A connection reads its next frame only while it has fewer than this
-  /// many jobs in the fair queue: the rest of a flood waits unread, in its
-  /// socket, so that an event-loop turn reads a frame from the connections
-  /// whose work moved on rather than from every connection, and a
-  /// newcomer's frame is read within a short turn.
-  static constexpr std::size_t max_jobs_queued = 2;
-  /// Readers waiting for their connection's queue to shrink, woken
-  /// (cancelled) when one of its jobs ends (FairQueue::on_job_done).
-  std::unordered_map<std::uint64_t, boost::asio::steady_timer*> readers_waiting;
-  /// Returns once `session` has fewer than max_jobs_queued jobs queued.
-  Awaitable<void> until_work_taken(std::uint64_t session);
+  /// Acquires and windows of every connection, run by dispatch() a turn at a
+  /// time, each turn followed by the connections' I/O.
+  rendezvous::WorkDispatcher work;
 
   State(boost::asio::any_io_executor ex, std::shared_ptr<Registry> r, OwnerConfig c)
-      : executor(ex), registry(std::move(r)), config(c), reaper(ex), work_arrived(ex) {
-    work.on_job_done = [this](std::uint64_t session) {
-      if (auto it = readers_waiting.find(session); it != readers_waiting.end()) it->second->cancel();
-    };
-  }
+      : executor(ex), registry(std::move(r)), config(c), reaper(ex), work(ex) {}
 
   // ---- objects, leases, batches (owner_leases.cpp) ----
 
@@ -344,8 +306,6 @@ struct Owner::State : std::enable_shared_from_this<State> {
   /// `name` is published again or the owner stops: its current registration is
   /// handed out no more, and its cached one is invalidated.
   void forget_export(const std::string& name);
-
-  std::uint64_t publication_of(std::string_view name) const;
 
   /// Whether `exported` registers exactly `object`'s bytes (a name may
   /// have been published again, or its file changed, since).
