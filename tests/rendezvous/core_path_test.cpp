@@ -305,32 +305,8 @@ TEST_F(Rendezvous, ALookUpIsGivenUpWhenTheConnectionThatAskedForItGoes) {
   // being read (nor hold the connection's end) until the read is done: the
   // resolver's handler is cancelled when the connection ends.
   start_owner();
-  std::mutex mutex;
-  std::optional<corma::ResolveHandler> held;
-  bool cancelled = false;
-  owner->set_resolver([&](std::string, corma::ResolveHandler done) {
-    auto slot = asio::get_associated_cancellation_slot(done);
-    std::lock_guard lock(mutex);
-    if (!slot.is_connected()) {
-      held.emplace(std::move(done));  // nobody can give it up: held until the test ends
-      return;
-    }
-    held.emplace(std::move(done));
-    // Run on the owner's executor, like the resolver itself.
-    slot.assign([&](asio::cancellation_type) {
-      std::optional<corma::ResolveHandler> taken;
-      {
-        std::lock_guard inner(mutex);
-        cancelled = true;
-        taken.swap(held);
-      }
-      if (taken) std::move (*taken)(corma::fail(errc::cancelled, "given up"));
-    });
-  });
-  const auto has = [&](auto predicate) {
-    std::lock_guard lock(mutex);
-    return predicate();
-  };
+  HeldLookUps lookups;
+  owner->set_resolver(lookups.resolver());
   corma::testing::run(io, [&]() -> asio::awaitable<void> {
     auto client = co_await RawClient::connect(acceptor.local_endpoint());
     auto hello_request = corma::testing::message(corma::rendezvous::Hello{});
@@ -339,24 +315,15 @@ TEST_F(Rendezvous, ALookUpIsGivenUpWhenTheConnectionThatAskedForItGoes) {
     const corma::rendezvous::Frame acquire{client.next++, corma::rendezvous::Message(corma::rendezvous::Acquire{"cold.bin", false})};
     auto written = co_await client.connection->write(acquire, std::chrono::seconds(5));
     EXPECT_TRUE(written);
-    co_await until([&] { return has([&] { return held.has_value(); }); }, std::chrono::seconds(5));
-    EXPECT_TRUE(has([&] { return held.has_value(); })) << "the look-up never reached the resolver";
+    co_await until([&] { return lookups.asked() == 1; }, std::chrono::seconds(5));
+    EXPECT_EQ(lookups.asked(), 1U) << "the look-up never reached the resolver";
     client.connection->close();
-    co_await until([&] { return has([&] { return cancelled; }) && owner->stats().open_connections == 0; },
+    co_await until([&] { return lookups.given_up() == 1 && owner->stats().open_connections == 0; },
                    std::chrono::seconds(5));
   }());
-  EXPECT_TRUE(has([&] { return cancelled; })) << "the look-up went on after its connection went";
+  EXPECT_EQ(lookups.given_up(), 1U) << "the look-up went on after its connection went";
   EXPECT_EQ(owner->stats().open_connections, 0U) << "the session waited for a look-up nobody wanted";
   EXPECT_EQ(owner->stats().live_leases, 0U);
-  // A resolver that could not be told: answered now, so nothing is left waiting.
-  std::optional<corma::ResolveHandler> left;
-  {
-    std::lock_guard lock(mutex);
-    left.swap(held);
-  }
-  if (left) std::move(*left)(corma::fail(errc::cancelled, "the test ended"));
-  io.restart();
-  io.poll();
 }
 
 /// CPU time this thread has used.

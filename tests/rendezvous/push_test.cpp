@@ -273,6 +273,31 @@ TEST_F(RawPush, PushesOutOfOrderAreRefusedAndTheConnectionServesOn) {
   EXPECT_GE(owner->stats().refused_requests, 3U);
 }
 
+TEST_F(RawPush, APushLookUpIsGivenUpWhenTheConnectionThatAskedForItGoes) {
+  // As an acquire's: a cold file nobody waits for any more is not read on,
+  // and the session does not wait for the read to end.
+  start_owner(64 << 20, pushing());
+  HeldLookUps lookups;
+  owner->set_resolver(lookups.resolver());
+  std::vector<std::byte> memory;
+  auto landing = landing_of(memory, big.size());
+  corma::testing::run(io, [&]() -> asio::awaitable<void> {
+    auto client = co_await ready_client();
+    const rv::Frame push{client.raw.next++, rv::Message(rv::Push{"cold.bin", false, 0, describe_landing(landing)})};
+    EXPECT_TRUE(co_await client.raw.connection->write(push, std::chrono::seconds(5)));
+    co_await until([&] { return lookups.asked() == 1; }, std::chrono::seconds(5));
+    EXPECT_EQ(lookups.asked(), 1U) << "the push's look-up never reached the resolver";
+    client.raw.connection->close();
+    co_await until([&] { return lookups.given_up() == 1 && owner->stats().open_connections == 0; },
+                   std::chrono::seconds(5));
+    (void)co_await consumer_backend->async_peer_close(client.push_peer, asio::use_awaitable);
+  }());
+  EXPECT_EQ(lookups.given_up(), 1U) << "the push's look-up went on after its connection went";
+  EXPECT_EQ(owner->stats().open_connections, 0U) << "the session waited for a look-up nobody wanted";
+  EXPECT_EQ(owner->stats().pushes, 0U);
+  EXPECT_TRUE(untouched(memory));
+}
+
 TEST_F(RawPush, AnOlderProtocolVersionGetsNoPush) {
   start_owner(64 << 20, pushing());
   corma::testing::run(io, [&]() -> asio::awaitable<void> {

@@ -12,6 +12,7 @@
 #include "rendezvous/protocol/framed_connection.hpp"
 #include "support/raw_client.hpp"
 
+#include <boost/asio/associated_cancellation_slot.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -21,6 +22,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -122,6 +124,48 @@ asio::awaitable<std::chrono::milliseconds> until(Done done, std::chrono::seconds
   }
   co_return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
 }
+
+/// A resolver that answers no look-up by itself, as one reading a cold file
+/// would for a long while: it holds each look-up and answers it `cancelled`
+/// only when the owner gives it up (emits the handler's cancellation slot).
+/// What is still held at the end is answered then, so nothing waits.
+class HeldLookUps {
+ public:
+  HeldLookUps() = default;
+  HeldLookUps(const HeldLookUps&) = delete;
+  HeldLookUps& operator=(const HeldLookUps&) = delete;
+  ~HeldLookUps() {
+    for (auto& [id, done] : held_) std::move(done)(corma::fail(errc::cancelled, "the test ended"));
+  }
+
+  /// For Owner::set_resolver (the owner calls it on its own executor, as
+  /// the test runs it: nothing here needs a lock).
+  corma::AsyncObjectResolver resolver() {
+    return [this](std::string, corma::ResolveHandler done) {
+      auto slot = asio::get_associated_cancellation_slot(done);
+      const auto id = next_++;
+      ++asked_;
+      held_.emplace(id, std::move(done));
+      if (!slot.is_connected()) return;  // nobody can give it up
+      slot.assign([this, id](asio::cancellation_type) {
+        auto found = held_.find(id);
+        if (found == held_.end()) return;
+        auto taken = std::move(found->second);
+        held_.erase(found);
+        ++given_up_;
+        std::move(taken)(corma::fail(errc::cancelled, "given up"));
+      });
+    };
+  }
+  [[nodiscard]] std::size_t asked() const { return asked_; }
+  [[nodiscard]] std::size_t given_up() const { return given_up_; }
+
+ private:
+  std::map<std::uint64_t, corma::ResolveHandler> held_;
+  std::uint64_t next_ = 0;
+  std::size_t asked_ = 0;
+  std::size_t given_up_ = 0;
+};
 
 inline bool is_error(const corma::Result<rv::Message>& reply, errc code) {
   auto* error = reply ? std::get_if<rv::ErrorReply>(&reply.value()) : nullptr;

@@ -123,9 +123,14 @@ asio::awaitable<Message> Owner::State::push(std::uint64_t session, Push request)
   // an asynchronous one asked off the loop.
   if (refresh_resolver) refresh_resolver();
   Result<PublishedObject> object = find(request.name);
-  // Not given up with its connection (a push's look-up is one of a few in
-  // flight per connection, not a queue of them).
-  if (!publications.contains(request.name) && async_resolver) object = co_await resolve(request.name, {});
+  if (!publications.contains(request.name) && async_resolver) {
+    // Given up with its connection, as an acquire's look-up is.
+    auto& lookups = push_peers.at(session).lookups;
+    const auto lookup = lookups.emplace(lookups.end());
+    object = co_await resolve(request.name, lookup->slot());
+    // The peer outlives every push on it (closed only once they are answered).
+    push_peers.at(session).lookups.erase(lookup);
+  }
   if (!object) {
     if (!object.error().is(errc::region_not_found)) co_return error_reply(object.error());
     ++stats.not_found;
@@ -184,6 +189,14 @@ asio::awaitable<Message> Owner::State::push(std::uint64_t session, Push request)
   ++stats.pushes;
   stats.pushed_bytes += size;
   co_return rendezvous::Pushed{size, generation};
+}
+
+void Owner::State::give_up_push_lookups(std::uint64_t session) {
+  auto it = push_peers.find(session);
+  if (it == push_peers.end()) return;
+  // The resolver's answers come back through a post, so none of them
+  // erases from the list while it is walked.
+  for (auto& lookup : it->second.lookups) lookup.emit(asio::cancellation_type::terminal);
 }
 
 asio::awaitable<void> Owner::State::close_push_peer(std::uint64_t session) {

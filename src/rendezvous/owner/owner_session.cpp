@@ -150,8 +150,10 @@ asio::awaitable<void> Owner::State::session(asio::ip::tcp::socket socket) {
   }
   // Every request taken is answered (or its answer dropped with the
   // connection) before the session's leases and peer go; acquires still
-  // waiting for their turn are given up.
+  // waiting for their turn are given up, and so are the look-ups of
+  // acquires and pushes under way.
   work.drop(session_id);
+  give_up_push_lookups(session_id);
   co_await answers.until_below(1);
   connection->close();
   connections.erase(connection);

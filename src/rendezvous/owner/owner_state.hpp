@@ -403,6 +403,9 @@ struct Owner::State : std::enable_shared_from_this<State> {
     enum class Stage { opening, offered, connecting, ready };
     Stage stage = Stage::opening;
     PeerId peer{};
+    /// One per push whose object is being looked up: emitted when the
+    /// connection goes, so that a cold read nobody waits for stops.
+    std::list<boost::asio::cancellation_signal> lookups;
   };
   /// By session; closed when the session ends.
   std::unordered_map<std::uint64_t, PushPeer> push_peers;
@@ -415,6 +418,9 @@ struct Owner::State : std::enable_shared_from_this<State> {
   /// Writes the object into the consumer's landing, then notifies or
   /// flushes, so that `pushed` is answered once the bytes are in place.
   Awaitable<Message> push(std::uint64_t session, Push request);
+  /// The connection went: the look-ups its pushes wait for are given up
+  /// (answered `cancelled`), so that the session's end does not wait for them.
+  void give_up_push_lookups(std::uint64_t session);
   /// The session ended: its push peer is closed.
   Awaitable<void> close_push_peer(std::uint64_t session);
 
