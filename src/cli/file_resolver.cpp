@@ -30,13 +30,14 @@ Result<void> check_served_name(std::string_view name) {
   return success();
 }
 
-Result<FileResolver> FileResolver::create(const fs::path& root, std::uint64_t snapshot_limit) {
+Result<FileResolver> FileResolver::create(const fs::path& root, std::uint64_t snapshot_limit,
+                                          std::chrono::milliseconds room_wait) {
   std::error_code ec;
   auto canonical = fs::canonical(root, ec);
   if (ec || !fs::is_directory(canonical, ec)) {
     return fail(errc::not_configured, "serve root '" + root.string() + "' is not a directory");
   }
-  return FileResolver(std::move(canonical), snapshot_limit);
+  return FileResolver(std::move(canonical), snapshot_limit, room_wait);
 }
 
 namespace {
@@ -104,7 +105,7 @@ class WaitingLookup {
 void FileResolver::resolve(std::string name, const boost::asio::any_io_executor& readers, ResolveHandler done) const {
   if (auto valid = check_served_name(name); !valid) return complete(std::move(done), std::move(valid).error(), readers);
   if (auto kept = snapshots_->find(name)) {
-    return complete(std::move(done), PublishedObject{kept->bytes(), std::move(kept)}, readers);
+    return complete(std::move(done), snapshots_->lend(std::move(kept)), readers);
   }
   auto slot = boost::asio::get_associated_cancellation_slot(done);
   auto lookup = std::make_shared<WaitingLookup>(std::move(done), readers);
@@ -136,7 +137,7 @@ Result<PublishedObject> FileResolver::read_as(const std::string& name, SnapshotC
     if (SnapshotCache::abandoned(ticket)) {
       found = fail(errc::cancelled, "nobody wants '" + name + "' any more");
     } else if (auto kept = snapshots_->find(name)) {
-      found = PublishedObject{kept->bytes(), std::move(kept)};
+      found = snapshots_->lend(std::move(kept));
     } else {
       found = read(name, ticket);
     }
@@ -173,8 +174,7 @@ Result<PublishedObject> FileResolver::read(const std::string& name, SnapshotCach
     return fail(errc::region_not_found, "'" + name + "' is not a regular file");
   }
   CORMA_TRY(auto snapshot, snapshots_->read(file.fd, name, ticket));
-  const auto bytes = snapshot->bytes();
-  return PublishedObject{bytes, std::move(snapshot)};
+  return snapshots_->lend(std::move(snapshot));
 }
 
 }  // namespace corma::cli

@@ -28,15 +28,18 @@ class FileResolver {
   /// Snapshots alive at once hold at most this many bytes by default.
   static constexpr std::uint64_t default_snapshot_limit = std::uint64_t{1} << 30;
 
-  /// Fails when `root` is not a directory.
+  /// Fails when `root` is not a directory. A read that finds the snapshot
+  /// limit spent waits in line up to `room_wait` for room (SnapshotBudget).
   static Result<FileResolver> create(const std::filesystem::path& root,
-                                     std::uint64_t snapshot_limit = default_snapshot_limit);
+                                     std::uint64_t snapshot_limit = default_snapshot_limit,
+                                     std::chrono::milliseconds room_wait = SnapshotCache::default_room_wait);
 
   /// A snapshot of the file's current version (shared with every lease that
   /// reads the same version). `not_owned` for a name check_served_name()
   /// refuses or that leads outside the root; `region_not_found` for a
   /// missing file; `object_changed` for a file being written (see
-  /// SnapshotCache::read); `budget_exceeded` past the snapshot limit.
+  /// SnapshotCache::read); `budget_exceeded` when no room under the
+  /// snapshot limit came within the room wait.
   Result<PublishedObject> operator()(std::string_view name) const;
 
   /// The same answer without blocking the caller (an AsyncObjectResolver,
@@ -52,13 +55,15 @@ class FileResolver {
   void refresh() const { snapshots_->refresh(); }
 
   /// Bytes held by snapshots, in use or kept for the next fetch.
-  [[nodiscard]] std::uint64_t snapshot_bytes() const noexcept { return snapshots_->bytes_held(); }
+  [[nodiscard]] std::uint64_t snapshot_bytes() const { return snapshots_->bytes_held(); }
+  /// Reads waiting in line for room under the snapshot limit.
+  [[nodiscard]] std::size_t reads_waiting_for_room() const { return snapshots_->reads_waiting_for_room(); }
 
   [[nodiscard]] const std::filesystem::path& root() const noexcept { return root_; }
 
  private:
-  FileResolver(std::filesystem::path root, std::uint64_t snapshot_limit)
-      : root_(std::move(root)), snapshots_(std::make_shared<SnapshotCache>(snapshot_limit)) {}
+  FileResolver(std::filesystem::path root, std::uint64_t snapshot_limit, std::chrono::milliseconds room_wait)
+      : root_(std::move(root)), snapshots_(std::make_shared<SnapshotCache>(snapshot_limit, room_wait)) {}
   /// Reads `name` for the read `ticket` names, then ends that read (its
   /// joiners are handed the result too).
   Result<PublishedObject> read_as(const std::string& name, SnapshotCache::Ticket ticket) const;

@@ -1,5 +1,7 @@
 #include "file_snapshot.hpp"
 
+#include "snapshot_budget.hpp"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,12 +11,17 @@
 
 namespace corma::cli {
 
-FileSnapshot::FileSnapshot(std::size_t size, std::shared_ptr<std::atomic<std::uint64_t>> accounted)
-    : size_(size), data_(std::make_unique_for_overwrite<std::byte[]>(size)), accounted_(std::move(accounted)) {
-  accounted_->fetch_add(size_);
+FileSnapshot::FileSnapshot(std::size_t size, std::shared_ptr<SnapshotBudget> budget)
+    : size_(size), budget_(std::move(budget)) {
+  try {
+    data_ = std::make_unique_for_overwrite<std::byte[]>(size);
+  } catch (...) {
+    budget_->give_back(size_);  // the destructor does not run for a constructor that throws
+    throw;
+  }
 }
 
-FileSnapshot::~FileSnapshot() { accounted_->fetch_sub(size_); }
+FileSnapshot::~FileSnapshot() { budget_->give_back(size_); }
 
 Result<void> read_into(int fd, std::span<std::byte> out, std::string_view name, const std::atomic<bool>* stop) {
   for (std::size_t at = 0; at < out.size();) {

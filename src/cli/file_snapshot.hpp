@@ -16,10 +16,13 @@
 
 namespace corma::cli {
 
+class SnapshotBudget;
+
 class FileSnapshot {
  public:
-  /// `accounted` counts the bytes of every snapshot alive.
-  FileSnapshot(std::size_t size, std::shared_ptr<std::atomic<std::uint64_t>> accounted);
+  /// Holds `size` bytes already taken from `budget` (SnapshotBudget::take),
+  /// and gives them back when it goes (or when allocating them fails).
+  FileSnapshot(std::size_t size, std::shared_ptr<SnapshotBudget> budget);
   ~FileSnapshot();
   FileSnapshot(const FileSnapshot&) = delete;
   FileSnapshot& operator=(const FileSnapshot&) = delete;
@@ -29,8 +32,8 @@ class FileSnapshot {
 
  private:
   std::size_t size_;
+  std::shared_ptr<SnapshotBudget> budget_;
   std::unique_ptr<std::byte[]> data_;
-  std::shared_ptr<std::atomic<std::uint64_t>> accounted_;
 };
 
 /// Reads `out.size()` bytes of the open file `fd` from its start into `out`

@@ -23,7 +23,8 @@ int main(int argc, char** argv) {
                       "nothing, so ANY peer that can reach this process can then read and write ALL of its memory");
   serve_cmd->add_option("--metrics", serve.metrics, "HOST:PORT for Prometheus text metrics at /metrics");
   serve_cmd->add_option("--snapshot-limit", serve.snapshot_limit,
-                        "memory for the snapshots of files being served (each version read once, shared)")
+                        "memory for the snapshots of files being served (each version read once, shared); a read "
+                        "that finds it spent waits its turn for room, up to 10 s")
       ->capture_default_str();
   serve_cmd->add_option("--file-threads", serve.file_threads,
                         "threads that read served files into snapshots, so that a large or cold file never holds "

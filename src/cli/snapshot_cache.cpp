@@ -4,10 +4,12 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
+
 namespace corma::cli {
 
-SnapshotCache::SnapshotCache(std::uint64_t max_bytes)
-    : max_bytes_(max_bytes), held_(std::make_shared<std::atomic<std::uint64_t>>(0)) {
+SnapshotCache::SnapshotCache(std::uint64_t max_bytes, std::chrono::milliseconds room_wait)
+    : room_wait_(room_wait), budget_(std::make_shared<SnapshotBudget>(max_bytes)) {
   // Without inotify nothing is kept: every fetch reads its file again.
   if (auto watch = ChangeWatch::create()) watch_.emplace(std::move(watch).value());
 }
@@ -54,7 +56,7 @@ void SnapshotCache::drop(const std::string& name) {
 }
 
 void SnapshotCache::make_room(std::uint64_t size) {
-  for (auto it = recency_.begin(); it != recency_.end() && held_->load() + size > max_bytes_;) {
+  for (auto it = recency_.begin(); it != recency_.end() && budget_->held() + size > budget_->limit();) {
     const std::string name = *it++;
     if (kept_.at(name).snapshot.use_count() == 1) drop(name);  // nobody reads it
   }
@@ -83,12 +85,23 @@ SnapshotCache::Ticket SnapshotCache::begin(const std::string& name) {
 }
 
 void SnapshotCache::give_up(std::uint64_t read_id) {
-  std::lock_guard lock(mutex_);
-  for (auto& read : reading_) {
-    if (read.id != read_id) continue;
-    if (read.wanted > 0 && --read.wanted == 0) read.abandoned.store(true, std::memory_order_release);
-    return;
+  {
+    std::lock_guard lock(mutex_);
+    auto read = std::find_if(reading_.begin(), reading_.end(), [&](const Reading& r) { return r.id == read_id; });
+    if (read == reading_.end() || read->wanted == 0 || --read->wanted != 0) return;
+    read->abandoned.store(true, std::memory_order_release);
   }
+  budget_->nudge();  // a read waiting in line for room leaves it
+}
+
+PublishedObject SnapshotCache::lend(std::shared_ptr<const FileSnapshot> snapshot) const {
+  const auto bytes = snapshot->bytes();
+  const auto* data = snapshot.get();
+  std::shared_ptr<const void> lent(data, [snapshot = std::move(snapshot), budget = budget_](const void*) mutable {
+    snapshot.reset();
+    budget->nudge();
+  });
+  return PublishedObject{bytes, std::move(lent)};
 }
 
 void SnapshotCache::finish(Ticket ticket, const Result<PublishedObject>& result) {
@@ -138,21 +151,25 @@ Result<std::shared_ptr<const FileSnapshot>> SnapshotCache::read(int fd, const st
 
 Result<std::shared_ptr<const FileSnapshot>> SnapshotCache::read_once(int fd, const std::string& name,
                                                                      const Reading& reading) {
-  CORMA_TRY(auto lease, ReadLease::take(fd, name));
-  // The size too is read under the lease: nobody can change it now.
+  // Room first, without the lease: a read lease held while waiting in line
+  // would hold up a writer's open for as long.
   struct stat info {};
   if (::fstat(fd, &info) != 0) return fail(errc::region_not_found, "cannot stat '" + name + "'");
   const auto size = static_cast<std::uint64_t>(info.st_size);
-  {
+  const auto make_room_for = [this](std::uint64_t bytes) {
     std::lock_guard lock(mutex_);
-    make_room(size);
+    make_room(bytes);
+  };
+  if (auto room = budget_->take(size, make_room_for, reading.abandoned, room_wait_); !room) {
+    return boost::outcome_v2::failure(Error{room.error().code, "serving '" + name + "': " + room.error().detail});
   }
-  if (held_->load() + size > max_bytes_) {
-    return fail(errc::budget_exceeded, "serving '" + name + "' (" + std::to_string(size) +
-                                           " bytes) would take file snapshots past their limit of " +
-                                           std::to_string(max_bytes_) + " bytes");
+  auto snapshot = std::make_shared<FileSnapshot>(size, budget_);
+  CORMA_TRY(auto lease, ReadLease::take(fd, name));
+  // The size again under the lease: nobody can change it now.
+  if (::fstat(fd, &info) != 0) return fail(errc::region_not_found, "cannot stat '" + name + "'");
+  if (static_cast<std::uint64_t>(info.st_size) != size) {
+    return fail(errc::object_changed, "its size changed while it waited for room");
   }
-  auto snapshot = std::make_shared<FileSnapshot>(size, held_);
   CORMA_TRY(read_into(fd, snapshot->bytes(), name, &reading.abandoned));
   if (!lease.intact()) return fail(errc::object_changed, "it was opened for writing while it was read");
   return std::shared_ptr<const FileSnapshot>(std::move(snapshot));

@@ -6,6 +6,7 @@
 
 #include "change_watch.hpp"
 #include "file_snapshot.hpp"
+#include "snapshot_budget.hpp"
 
 #include <corma/owner.hpp>
 
@@ -34,7 +35,13 @@ class SnapshotCache {
   /// the file system's news (refresh() also brings them in).
   static constexpr std::chrono::microseconds news_interval{1000};
 
-  explicit SnapshotCache(std::uint64_t max_bytes);
+  /// How long a read waits in line for room under the limit, by default,
+  /// before it is refused with `budget_exceeded`.
+  static constexpr std::chrono::milliseconds default_room_wait{10000};
+
+  /// Snapshots of at most `max_bytes` together; a read that finds them
+  /// spent waits up to `room_wait` for room (SnapshotBudget).
+  explicit SnapshotCache(std::uint64_t max_bytes, std::chrono::milliseconds room_wait = default_room_wait);
 
   /// Drops every kept snapshot whose file or name may have changed. A
   /// caller that looks up many names for one request calls it once first:
@@ -91,8 +98,9 @@ class SnapshotCache {
   /// `name` when `name` is being watched (watch()), for the read `ticket`
   /// names. `object_changed` for a file being written throughout;
   /// `not_configured` where no read lease can be had; `budget_exceeded`
-  /// when snapshots alive would pass the limit; `cancelled` when every
-  /// look-up gave the read up (give_up()).
+  /// when no room under the limit came within the room wait (or the file
+  /// is larger than the whole limit); `cancelled` when every look-up gave
+  /// the read up (give_up()).
   Result<std::shared_ptr<const FileSnapshot>> read(int fd, const std::string& name, Ticket ticket);
 
   /// Whether every look-up gave the read `ticket` names up: it need not begin.
@@ -104,8 +112,14 @@ class SnapshotCache {
   /// this thread, outside the cache's lock).
   void finish(Ticket ticket, const Result<PublishedObject>& result);
 
+  /// `snapshot` lent to a consumer: when the consumer lets go of it, reads
+  /// waiting for room look again (a kept snapshot nobody reads can go).
+  [[nodiscard]] PublishedObject lend(std::shared_ptr<const FileSnapshot> snapshot) const;
+
   /// Bytes held by snapshots, in use or kept.
-  [[nodiscard]] std::uint64_t bytes_held() const noexcept { return held_->load(); }
+  [[nodiscard]] std::uint64_t bytes_held() const { return budget_->held(); }
+  /// Reads waiting in line for room under the limit.
+  [[nodiscard]] std::size_t reads_waiting_for_room() const { return budget_->waiting(); }
 
  private:
   struct Kept {
@@ -119,13 +133,14 @@ class SnapshotCache {
 
   Result<std::shared_ptr<const FileSnapshot>> read_once(int fd, const std::string& name, const Reading& reading);
   /// Gives up kept snapshots nobody reads, least recently used first, until
-  /// `size` more bytes fit the limit or none is left (under mutex_).
+  /// `size` more bytes fit the limit or none is left (under mutex_; what
+  /// goes gives its bytes back to the budget, whose lock comes after it).
   void make_room(std::uint64_t size);
   void drop(const std::string& name);  // under mutex_
   void refresh_locked();              // under mutex_
 
-  std::uint64_t max_bytes_;
-  std::shared_ptr<std::atomic<std::uint64_t>> held_;
+  std::chrono::milliseconds room_wait_;
+  std::shared_ptr<SnapshotBudget> budget_;
   std::mutex mutex_;
   std::optional<ChangeWatch> watch_;  ///< none: nothing is kept
   std::unordered_map<std::string, Kept, NameHash, std::equal_to<>> kept_;

@@ -24,6 +24,7 @@
 #include <filesystem>
 #include <fstream>
 #include <latch>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -312,7 +313,8 @@ TEST_F(FileResolverTest, IdleSnapshotsMakeRoomLeastRecentlyUsedFirstButNeverOneB
   write_file("a", 4000, 'a');
   write_file("b", 4000, 'b');
   write_file("c", 4000, 'c');
-  auto resolver = FileResolver::create(dir, 10000).value();
+  // No wait for room: a read that finds none is refused at once.
+  auto resolver = FileResolver::create(dir, 10000, std::chrono::milliseconds(0)).value();
   ASSERT_TRUE(fetch(resolver, "a"));
   ASSERT_TRUE(fetch(resolver, "b"));
   ASSERT_TRUE(fetch(resolver, "a"));  // a is now the more recently used
@@ -328,6 +330,128 @@ TEST_F(FileResolverTest, IdleSnapshotsMakeRoomLeastRecentlyUsedFirstButNeverOneB
   EXPECT_TRUE(refused.error().is(errc::budget_exceeded)) << refused.error().message();
   EXPECT_EQ(first_byte(read_a.value()), 'a');
   EXPECT_EQ(first_byte(read_c.value()), 'c');
+}
+
+/// Look-ups answered on a thread pool of file threads, as corma serve
+/// makes them, each recorded when its answer comes.
+class Askers {
+ public:
+  explicit Askers(const FileResolver& resolver) : resolver_(resolver) {}
+  ~Askers() { readers_.join(); }
+
+  /// Asks for `name`; `give_up` cancels the look-up.
+  void ask(const std::string& name, boost::asio::cancellation_signal* give_up = nullptr) {
+    auto record = [this, name](Result<PublishedObject> found) {
+      std::lock_guard lock(mutex_);
+      found_.insert_or_assign(name, std::move(found));
+    };
+    if (give_up == nullptr) return resolver_.resolve(name, readers_.get_executor(), std::move(record));
+    resolver_.resolve(name, readers_.get_executor(), boost::asio::bind_cancellation_slot(give_up->slot(), std::move(record)));
+  }
+  /// Whether `name` was answered (without waiting).
+  bool answered(const std::string& name) {
+    std::lock_guard lock(mutex_);
+    return found_.contains(name);
+  }
+  /// The answer for `name`, waited for up to five seconds.
+  std::optional<Result<PublishedObject>> answer(const std::string& name) {
+    if (!eventually([&] { return answered(name); })) return std::nullopt;
+    std::lock_guard lock(mutex_);
+    return found_.at(name);
+  }
+  void forget(const std::string& name) {
+    std::lock_guard lock(mutex_);
+    found_.erase(name);
+  }
+
+  /// Looks at `done` every millisecond for up to five seconds.
+  template <class Done>
+  static bool eventually(const Done& done) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (!done() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return done();
+  }
+
+ private:
+  const FileResolver& resolver_;
+  boost::asio::thread_pool readers_{2};
+  std::mutex mutex_;
+  std::map<std::string, Result<PublishedObject>> found_;
+};
+
+TEST_F(FileResolverTest, AReadThatFindsTheLimitSpentWaitsItsTurnForRoomAndIsServedWhenAReaderLetsGo) {
+  // a and b are being read and fill the limit but 2000 bytes: c (4000)
+  // waits in line, and d (1000), asked after it, waits behind it although
+  // it would fit, so that a large file is never starved by small ones. When
+  // a's reader lets go, a goes (idle), c gets its room and then d.
+  write_file("a", 4000, 'a');
+  write_file("b", 4000, 'b');
+  write_file("c", 4000, 'c');
+  write_file("d", 1000, 'd');
+  auto resolver = FileResolver::create(dir, 10000, std::chrono::seconds(30)).value();
+  auto read_a = fetch(resolver, "a");
+  auto read_b = fetch(resolver, "b");
+  ASSERT_TRUE(read_a && read_b);
+  Askers askers(resolver);
+  resolver.refresh();
+  askers.ask("c");
+  ASSERT_TRUE(Askers::eventually([&] { return resolver.reads_waiting_for_room() == 1; }));
+  askers.ask("d");
+  ASSERT_TRUE(Askers::eventually([&] { return resolver.reads_waiting_for_room() == 2; }))
+      << "a small file passed a larger one waiting for room before it";
+  EXPECT_FALSE(askers.answered("c"));
+  EXPECT_FALSE(askers.answered("d"));
+  EXPECT_EQ(resolver.snapshot_bytes(), 8000U);
+
+  read_a = fail(errc::cancelled, "let go");  // a's reader lets go
+  for (const auto* name : {"c", "d"}) {
+    auto found = askers.answer(name);
+    ASSERT_TRUE(found.has_value()) << name << " was never answered";
+    ASSERT_TRUE(*found) << found->error().message();
+    EXPECT_EQ(first_byte(found->value()), *name);
+  }
+  EXPECT_EQ(resolver.reads_waiting_for_room(), 0U);
+  EXPECT_EQ(resolver.snapshot_bytes(), 9000U) << "b, c and d, with a let go";
+  EXPECT_EQ(first_byte(read_b.value()), 'b');
+}
+
+TEST_F(FileResolverTest, AReadWaitingForRoomLeavesTheLineWhenGivenUpOrWhenItsWaitEnds) {
+  write_file("a", 6000, 'a');
+  write_file("b", 6000, 'b');
+  write_file("huge", 20000, 'h');
+  auto resolver = FileResolver::create(dir, 10000, std::chrono::milliseconds(200)).value();
+  auto read_a = fetch(resolver, "a");
+  ASSERT_TRUE(read_a);
+  // More than the whole limit: refused at once, never in line.
+  auto huge = fetch(resolver, "huge");
+  ASSERT_FALSE(huge);
+  EXPECT_TRUE(huge.error().is(errc::budget_exceeded)) << huge.error().message();
+
+  // Given up while in line: answered at once, and the line is empty again.
+  {
+    Askers askers(resolver);
+    boost::asio::cancellation_signal give_up;
+    resolver.refresh();
+    askers.ask("b", &give_up);
+    ASSERT_TRUE(Askers::eventually([&] { return resolver.reads_waiting_for_room() == 1; }));
+    give_up.emit(boost::asio::cancellation_type::terminal);
+    auto found = askers.answer("b");
+    ASSERT_TRUE(found.has_value());
+    ASSERT_FALSE(*found);
+    EXPECT_TRUE(found->error().is(errc::cancelled)) << found->error().message();
+    EXPECT_TRUE(Askers::eventually([&] { return resolver.reads_waiting_for_room() == 0; }))
+        << "a read nobody wants stayed in line";
+  }
+  // Its wait over with a still read: refused, and out of the line.
+  const auto start = std::chrono::steady_clock::now();
+  auto refused = fetch(resolver, "b");
+  ASSERT_FALSE(refused);
+  EXPECT_TRUE(refused.error().is(errc::budget_exceeded)) << refused.error().message();
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(200)) << "refused before its wait ended";
+  EXPECT_EQ(resolver.reads_waiting_for_room(), 0U);
+  EXPECT_EQ(resolver.snapshot_bytes(), 6000U);
 }
 
 }  // namespace
