@@ -110,12 +110,9 @@ void Owner::stop() {
   }
   state.work.wake();
   for (const auto& connection : state.connections) connection->close();
-  for (auto& [id, lease] : state.leases) {
+  state.leases.clear([&state](rendezvous::Lease& lease) {
     if (lease.exported) state.retired.push_back(std::move(lease.exported));
-  }
-  state.leases.clear();
-  state.session_leases.clear();
-  state.windowed_leases = 0;
+  });
   // Nothing is lent again: the cached exports go (the ones leases read, with them).
   state.publications.for_each_name([&state](const std::string& name) { state.forget_export(name); });
 }

@@ -129,7 +129,7 @@ asio::awaitable<Result<std::shared_ptr<Export>>> Owner::State::export_window(con
 }
 
 asio::awaitable<Message> Owner::State::next_window(std::uint64_t session, NextWindow request) {
-  Lease* lease = lease_of(session, request.lease);
+  Lease* lease = leases.held(session, request.lease);
   if (lease == nullptr) {
     ++stats.refused_requests;
     co_return error_reply(Error{errc::region_not_found, "no such lease on this connection"});
@@ -151,21 +151,21 @@ asio::awaitable<Message> Owner::State::next_window(std::uint64_t session, NextWi
     ++stats.refused_requests;
     co_return error_reply(Error{errc::out_of_range, "this lease's next window is being registered already"});
   }
-  refresh(*lease);
+  leases.renew(*lease);
   lease->moving = true;
   const auto object = lease->object;
   if (auto current = std::move(lease->exported); current) {
     (void)co_await current->guard.async_deregister(asio::use_awaitable);
   }
-  auto window = co_await export_window(object, request.offset, std::max<std::size_t>(windowed_leases, 1));
+  auto window = co_await export_window(object, request.offset, std::max<std::size_t>(leases.windowed(), 1));
   // The lease may have gone meanwhile (released, reaped, or its connection closed).
-  lease = lease_of(session, request.lease);
+  lease = leases.held(session, request.lease);
   if (lease == nullptr) co_return error_reply(Error{errc::region_not_found, "the lease ended meanwhile"});
   lease->moving = false;
   if (!window) co_return error_reply(std::move(window).error());
   lease->exported = std::move(window).value();
   lease->window_end = request.offset + lease->exported->guard.size();
-  refresh(*lease);
+  leases.renew(*lease);
   co_return RdmaWindow{request.lease,
                        size,
                        static_cast<std::uint32_t>(config.lease_timeout.count()),

@@ -22,16 +22,10 @@ Result<PublishedObject> Owner::State::find(std::string_view name) {
   return fail(errc::region_not_found, "no object named '" + std::string(name) + "'");
 }
 
-std::size_t Owner::State::leases_of(std::uint64_t session) const {
-  auto it = session_leases.find(session);
-  auto under_way = acquiring.find(session);
-  return (it == session_leases.end() ? 0 : it->second.size()) + (under_way == acquiring.end() ? 0 : under_way->second);
-}
-
 std::optional<Error> Owner::State::lease_cap_refusal(std::uint64_t session) const {
-  const auto held = leases_of(session);
+  const auto held = leases.places_of(session);
   if (held >= config.max_leases_per_connection) return Error{errc::budget_exceeded, "too many leases on this connection"};
-  const auto total = leases.size() + acquiring_total;
+  const auto total = leases.places();
   if (total >= config.max_leases) {
     return Error{errc::budget_exceeded,
                  "the owner holds its maximum of " + std::to_string(config.max_leases) + " leases"};
@@ -46,28 +40,8 @@ std::optional<Error> Owner::State::lease_cap_refusal(std::uint64_t session) cons
   return std::nullopt;
 }
 
-void Owner::State::add_lease(std::uint64_t id, Lease lease) {
-  session_leases[lease.session].insert(id);
-  leases.emplace(id, std::move(lease));
-}
-
-std::map<std::uint64_t, Lease>::iterator Owner::State::erase_lease(std::map<std::uint64_t, Lease>::iterator it) {
-  if (it->second.windowed) --windowed_leases;
-  if (auto owner = session_leases.find(it->second.session); owner != session_leases.end()) {
-    owner->second.erase(it->first);
-    if (owner->second.empty()) session_leases.erase(owner);
-  }
-  return leases.erase(it);
-}
-
 bool Owner::State::republished_since(const Lease& lease) const {
   return lease.publication && publications.publication_of(lease.name) != *lease.publication;
-}
-
-Lease* Owner::State::lease_of(std::uint64_t session, std::uint64_t id) {
-  auto it = leases.find(id);
-  if (it == leases.end() || it->second.session != session) return nullptr;
-  return &it->second;
 }
 
 Owner::State::PreparedAcquire Owner::State::prepare_acquire(std::uint64_t session, bool rdma_peer, bool windows,
@@ -162,7 +136,7 @@ asio::awaitable<Grant> Owner::State::complete_acquire(PendingAcquire pending, as
   if (exported) {
     lease.exported = std::move(exported).value();
   } else if (pending.windows && exported.error().is(errc::budget_exceeded)) {
-    auto window = co_await export_window(lease.object, 0, windowed_leases + 1);
+    auto window = co_await export_window(lease.object, 0, leases.windowed() + 1);
     if (window) {
       lease.exported = std::move(window).value();
       lease.windowed = true;
@@ -177,32 +151,28 @@ asio::awaitable<Grant> Owner::State::complete_acquire(PendingAcquire pending, as
 }
 
 Grant Owner::State::grant_lease(Lease lease, std::optional<ChunkedReason> reason) {
-  const std::uint64_t id = next_lease++;
   const std::uint64_t size = lease.object.bytes.size();
-  refresh(lease);
   const auto timeout_ms = static_cast<std::uint32_t>(config.lease_timeout.count());
+  const auto generation = lease.generation;
   if (reason) {
     ++stats.decisions.chunked_by_reason[std::string(to_string(*reason))];
     lease.exported = nullptr;
-    const auto generation = lease.generation;
-    add_lease(id, std::move(lease));
+    const auto id = leases.add(std::move(lease));
     return Chunked{id, size, config.chunk_size, timeout_ms, *reason, generation};
   }
   ++stats.decisions.rdma;
   auto descriptor = lease.exported->descriptor;
-  const auto generation = lease.generation;
   if (lease.windowed) {
-    ++windowed_leases;
     const auto window_len = lease.window_end;
-    add_lease(id, std::move(lease));
+    const auto id = leases.add(std::move(lease));
     return RdmaWindow{id, size, timeout_ms, 0, window_len, std::move(descriptor), generation};
   }
-  add_lease(id, std::move(lease));
+  const auto id = leases.add(std::move(lease));
   return RdmaGrant{id, size, timeout_ms, std::move(descriptor), generation};
 }
 
 Result<PublishedObject> Owner::State::pull(std::uint64_t session, const Pull& request) {
-  Lease* lease = lease_of(session, request.lease);
+  Lease* lease = leases.held(session, request.lease);
   if (lease == nullptr) {
     ++stats.refused_requests;
     return Error{errc::region_not_found, "no such lease on this connection"};
@@ -216,38 +186,30 @@ Result<PublishedObject> Owner::State::pull(std::uint64_t session, const Pull& re
     ++stats.refused_requests;
     return std::move(inside).error();
   }
-  refresh(*lease);
+  leases.renew(*lease);
   ++stats.pulls;
   stats.pulled_bytes += request.len;
   return PublishedObject{lease->object.bytes.subspan(request.offset, request.len), lease->object.keepalive};
 }
 
 Message Owner::State::renew(std::uint64_t session, const Renew& request) {
-  Lease* lease = lease_of(session, request.lease);
+  Lease* lease = leases.held(session, request.lease);
   if (lease == nullptr) {
     ++stats.refused_requests;
     return error_reply(Error{errc::region_not_found, "no such lease on this connection"});
   }
-  refresh(*lease);
+  leases.renew(*lease);
   return Renewed{static_cast<std::uint32_t>(config.lease_timeout.count())};
 }
 
 Message Owner::State::heartbeat(std::uint64_t session) {
   ++stats.heartbeats;
-  std::uint32_t renewed = 0;
-  if (auto owned = session_leases.find(session); owned != session_leases.end()) {
-    for (auto id : owned->second) {
-      if (auto it = leases.find(id); it != leases.end()) {
-        refresh(it->second);
-        ++renewed;
-      }
-    }
-  }
+  const auto renewed = leases.renew_all(session);
   return rendezvous::HeartbeatOk{renewed, static_cast<std::uint32_t>(config.lease_timeout.count())};
 }
 
 Message Owner::State::release(std::uint64_t session, const Release& request) {
-  Lease* lease = lease_of(session, request.lease);
+  Lease* lease = leases.held(session, request.lease);
   if (lease == nullptr) {
     // Lapsed (or never granted): what was read under it is not proven one
     // version, and the consumer must learn so rather than read success.
@@ -255,22 +217,10 @@ Message Owner::State::release(std::uint64_t session, const Release& request) {
     return error_reply(Error{errc::region_not_found, "no such lease on this connection (it lapsed, or was never granted)"});
   }
   const bool changed = republished_since(*lease);
-  erase_lease(leases.find(request.lease));
+  leases.erase(request.lease);
   ++stats.leases_released;
   if (changed) return error_reply(Error{errc::object_changed, "the object was published again during the lease"});
   return Released{};
-}
-
-void Owner::State::drop_leases_of(std::uint64_t session) {
-  auto owned = session_leases.find(session);
-  if (owned == session_leases.end()) return;
-  for (auto id : owned->second) {
-    if (auto it = leases.find(id); it != leases.end()) {
-      if (it->second.windowed) --windowed_leases;
-      leases.erase(it);
-    }
-  }
-  session_leases.erase(owned);
 }
 
 std::uint16_t Owner::State::announced_batch() const {
@@ -295,7 +245,7 @@ Message Owner::State::release_many(std::uint64_t session, const ReleaseMany& req
   ReleasedMany released;
   released.codes.reserve(request.leases.size());
   for (auto lease : request.leases) {
-    if (lease_of(session, lease) == nullptr) {
+    if (leases.held(session, lease) == nullptr) {
       ++stats.refused_requests;
       released.codes.push_back(static_cast<std::uint16_t>(errc::region_not_found));
       continue;
@@ -313,15 +263,7 @@ asio::awaitable<void> Owner::State::reap() {
     reaper.expires_after(config.reap_interval);
     auto [ec] = co_await reaper.async_wait(asio::as_tuple(asio::use_awaitable));
     if (ec) break;
-    const auto now = clock_type::now();
-    for (auto it = leases.begin(); it != leases.end();) {
-      if (it->second.deadline < now) {
-        it = erase_lease(it);
-        ++stats.leases_expired;
-      } else {
-        ++it;
-      }
-    }
+    stats.leases_expired += leases.expire(clock_type::now());
   }
 }
 

@@ -157,7 +157,7 @@ asio::awaitable<void> Owner::State::session(asio::ip::tcp::socket socket) {
   co_await answers.until_below(1);
   connection->close();
   connections.erase(connection);
-  drop_leases_of(session_id);
+  leases.drop_session(session_id);
   co_await close_push_peer(session_id);
   if (peer && registry) {
     (void)co_await registry->backend()->async_peer_close(*peer, asio::use_awaitable);

@@ -5,12 +5,14 @@
 // (writing objects into consumers' memory) and owner.cpp
 // (the public operations). Parts with one job of their own are objects of
 // their own, each written only through its operations: the objects
-// published and the generations lent (publications.hpp), and the queue of
-// acquires and windows with the coroutine that runs it
+// published and the generations lent (publications.hpp), the leases
+// granted and the places acquires hold against the caps (lease_table.hpp),
+// and the queue of acquires and windows with the coroutine that runs it
 // (work_dispatcher.hpp).
 #pragma once
 
 #include "rendezvous/owner/answer_queue.hpp"
+#include "rendezvous/owner/lease_table.hpp"
 #include "rendezvous/owner/publications.hpp"
 #include "rendezvous/owner/work_dispatcher.hpp"
 #include "rendezvous/protocol/framed_connection.hpp"
@@ -35,15 +37,12 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
-#include <unordered_set>
 #include <variant>
 #include <vector>
 
 namespace corma {
 
 namespace rendezvous {
-
-using clock_type = std::chrono::steady_clock;
 
 /// One registration of an object, shared by every lease that reads it (and
 /// by the export cache, for published objects).
@@ -63,27 +62,6 @@ struct Export {
   RegionGuard guard;
   std::vector<std::byte> descriptor;
   std::shared_ptr<const void> keepalive;
-};
-
-struct Lease {
-  std::uint64_t session = 0;
-  std::string name;
-  PublishedObject object;
-  /// For published objects: the publication this lease reads. A release after
-  /// the name was published again answers `object_changed`.
-  std::optional<std::uint64_t> publication;
-  /// Which version of the object the lease reads (told to version 5
-  /// consumers): its publication, or the number given to the version the
-  /// resolver found (Publications::resolved_generation).
-  std::uint64_t generation = 0;
-  std::shared_ptr<Export> exported;  // empty for chunked leases; the current window for windowed ones
-  clock_type::time_point deadline;
-  /// Lent in windows (protocol version 2): `exported` registers
-  /// [window_end - its length, window_end) of the object.
-  bool windowed = false;
-  std::uint64_t window_end = 0;
-  /// A next_window is registering this lease's next window now.
-  bool moving = false;
 };
 
 /// An error as the owner answers it (its detail cut to what a frame carries).
@@ -135,12 +113,9 @@ struct Owner::State : std::enable_shared_from_this<State> {
   AsyncObjectResolver async_resolver;
   /// Run once before each turn of acquires looks names up (set_resolver).
   std::function<void()> refresh_resolver;
-  std::map<std::uint64_t, Lease> leases;
-  /// The leases of each connection, so that counting and dropping them
-  /// never scans every lease.
-  std::unordered_map<std::uint64_t, std::unordered_set<std::uint64_t>> session_leases;
-  std::size_t handshakes = 0;       // connections that have not finished their hello
-  std::size_t windowed_leases = 0;  // leases lent in windows now: they share the budget
+  /// The leases granted, and the places acquires under way hold.
+  rendezvous::LeaseTable leases;
+  std::size_t handshakes = 0;  // connections that have not finished their hello
   /// Exports whose leases stop() dropped, kept (registered, bytes alive)
   /// until the Owner goes: see Owner::stop().
   std::vector<std::shared_ptr<Export>> retired;
@@ -159,17 +134,11 @@ struct Owner::State : std::enable_shared_from_this<State> {
   /// being registered waits for that registration instead of making its own
   /// (the timer never expires; it is cancelled when the registration ends).
   std::map<std::string, std::shared_ptr<boost::asio::steady_timer>, std::less<>> exporting;
-  /// Acquires under way, per connection and in all: a connection's requests
-  /// are worked on concurrently, and these count against the lease caps
-  /// until they end.
-  std::unordered_map<std::uint64_t, std::size_t> acquiring;
-  std::size_t acquiring_total = 0;
   std::set<std::shared_ptr<FramedConnection>> connections;
   /// Acceptors a serve() waits on: stop() cancels their accepts, so that no
   /// work of the owner's is left in its io_context (the acceptors stay open:
   /// they are the caller's).
   std::multiset<boost::asio::ip::tcp::acceptor*> accepting;
-  std::uint64_t next_lease = 1;
   std::uint64_t next_session = 1;
   bool draining = false;
   OwnerStats stats;
@@ -179,7 +148,7 @@ struct Owner::State : std::enable_shared_from_this<State> {
   rendezvous::WorkDispatcher work;
 
   State(boost::asio::any_io_executor ex, std::shared_ptr<Registry> r, OwnerConfig c)
-      : executor(ex), registry(std::move(r)), config(c), reaper(ex), work(ex) {}
+      : executor(ex), registry(std::move(r)), config(c), leases(c.lease_timeout), reaper(ex), work(ex) {}
 
   // ---- objects, leases, batches (owner_leases.cpp) ----
 
@@ -188,23 +157,15 @@ struct Owner::State : std::enable_shared_from_this<State> {
   /// `abandoned` cancels the look-up (its acquire's connection went).
   Awaitable<Result<PublishedObject>> resolve(std::string name, boost::asio::cancellation_slot abandoned);
 
-  /// Leases `session` holds, and acquires it has under way.
-  std::size_t leases_of(std::uint64_t session) const;
-
-  /// An acquire under way, counted against the lease caps while it lasts.
+  /// An acquire under way (or a push), counted against the lease caps
+  /// while it lasts: a connection's requests are worked on concurrently.
   struct AcquireUnderWay {
     State& state;
     std::uint64_t session;
-    AcquireUnderWay(State& s, std::uint64_t id) : state(s), session(id) {
-      ++state.acquiring[session];
-      ++state.acquiring_total;
-    }
+    AcquireUnderWay(State& s, std::uint64_t id) : state(s), session(id) { state.leases.acquire_began(session); }
     AcquireUnderWay(const AcquireUnderWay&) = delete;
     AcquireUnderWay& operator=(const AcquireUnderWay&) = delete;
-    ~AcquireUnderWay() {
-      if (--state.acquiring[session] == 0) state.acquiring.erase(session);
-      --state.acquiring_total;
-    }
+    ~AcquireUnderWay() { state.leases.acquire_ended(session); }
   };
 
   /// Why `session` may not take one more lease, if it may not: its own cap,
@@ -212,16 +173,8 @@ struct Owner::State : std::enable_shared_from_this<State> {
   /// share of it (max_leases / (2 x open connections)).
   std::optional<Error> lease_cap_refusal(std::uint64_t session) const;
 
-  void add_lease(std::uint64_t id, Lease lease);
-
-  std::map<std::uint64_t, Lease>::iterator erase_lease(std::map<std::uint64_t, Lease>::iterator it);
-
   /// Whether `lease` reads an object that was published again since.
   bool republished_since(const Lease& lease) const;
-
-  Lease* lease_of(std::uint64_t session, std::uint64_t id);
-
-  void refresh(Lease& lease) { lease.deadline = rendezvous::clock_type::now() + config.lease_timeout; }
 
   /// An acquire that needs a registration before it can be answered: its
   /// lease as far as it is known, counted against the lease caps meanwhile.
@@ -274,8 +227,6 @@ struct Owner::State : std::enable_shared_from_this<State> {
   /// is `object_changed` when the object was published again while the
   /// lease read it, so the consumer never reports a possible mix.
   Message release(std::uint64_t session, const Release& request);
-
-  void drop_leases_of(std::uint64_t session);
 
   /// The batch limit told to consumers: within what one answer frame holds,
   /// and half the lease cap, so a consumer may have two batches leased at
