@@ -119,7 +119,7 @@ void Owner::stop() {
 
 OwnerStats Owner::stats() const {
   OwnerStats stats = state_->stats;
-  stats.exports_evicted = state_->exports_evicted->load(std::memory_order_relaxed);
+  stats.exports_evicted = state_->exports.evicted();
   stats.live_leases = state_->leases.size();
   stats.open_connections = state_->connections.size();
   return stats;

@@ -17,39 +17,25 @@ namespace corma {
 namespace asio = boost::asio;
 using namespace rendezvous;
 
-bool Owner::State::covers(const Export& exported, const PublishedObject& object) {
-  const auto registered = exported.guard.bytes();
-  return registered.data() == object.bytes.data() && registered.size() == object.bytes.size();
-}
-
-std::shared_ptr<Export> Owner::State::ready_export(const std::string& name, const PublishedObject& object) {
-  if (auto it = exports.find(name); it != exports.end()) {
-    if (auto shared = it->second.lock(); shared && covers(*shared, object)) return shared;
-  }
-  return nullptr;
-}
-
 asio::awaitable<Result<std::shared_ptr<Export>>> Owner::State::export_object(const std::string& name,
                                                                              const PublishedObject& object,
                                                                              bool cacheable) {
   for (;;) {
-    if (auto ready = ready_export(name, object)) co_return ready;
-    auto under_way = exporting.find(name);
-    if (under_way == exporting.end()) break;
+    if (auto ready = exports.ready(name, object)) co_return ready;
+    const auto registered = exports.waiter(name);
+    if (!registered) break;
     // Another acquire registers it now: its export is taken when ready
     // (or, if it failed or registered other bytes, this one tries in turn).
-    const auto registered = under_way->second;
     (void)co_await registered->async_wait(asio::as_tuple(asio::use_awaitable));
   }
-  const ExportUnderWay under_way(*this, name);
+  const ExportTable::Registering under_way(exports, name);
   co_return co_await register_export(name, object, cacheable);
 }
 
 RegistrationOptions Owner::State::export_options(const PublishedObject& object, bool cacheable) const {
   if (!cacheable || !config.cache_exports) return RegistrationOptions{Caching::never, nullptr, nullptr};
   // Kept in the registry's cache between leases, with the bytes it pins.
-  return RegistrationOptions{Caching::keep, object.keepalive,
-                             [evicted = exports_evicted] { evicted->fetch_add(1, std::memory_order_relaxed); }};
+  return RegistrationOptions{Caching::keep, object.keepalive, exports.eviction_counter()};
 }
 
 asio::awaitable<Result<std::shared_ptr<Export>>> Owner::State::register_export(const std::string& name,
@@ -71,11 +57,7 @@ asio::awaitable<Result<std::shared_ptr<Export>>> Owner::State::register_export(c
   CORMA_CO_TRY(auto descriptor, describe(guard.value().remote()));
   auto exported = std::make_shared<Export>(std::move(guard).value(), std::move(descriptor), object.keepalive);
   if (publications.publication_of(name) == publication) {
-    if (exports.size() >= 2 * std::max<std::size_t>(exports_after_sweep, 64)) {
-      std::erase_if(exports, [](const auto& entry) { return entry.second.expired(); });
-      exports_after_sweep = exports.size();
-    }
-    exports[name] = exported;
+    exports.record(name, exported);
   } else if (kept) {
     // Published again while this registered: the lease that asked reads
     // these bytes, but later acquires must not find them cached.
@@ -85,7 +67,7 @@ asio::awaitable<Result<std::shared_ptr<Export>>> Owner::State::register_export(c
 }
 
 void Owner::State::forget_export(const std::string& name) {
-  exports.erase(name);
+  exports.forget(name);
   const auto* old = publications.find(name);
   // Nothing was registered without a registry (everything is served in chunks).
   if (old == nullptr || !config.cache_exports || !registry) return;

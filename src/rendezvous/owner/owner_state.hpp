@@ -7,11 +7,13 @@
 // their own, each written only through its operations: the objects
 // published and the generations lent (publications.hpp), the leases
 // granted and the places acquires hold against the caps (lease_table.hpp),
+// the registrations lent and under way by name (export_table.hpp),
 // and the queue of acquires and windows with the coroutine that runs it
 // (work_dispatcher.hpp).
 #pragma once
 
 #include "rendezvous/owner/answer_queue.hpp"
+#include "rendezvous/owner/export_table.hpp"
 #include "rendezvous/owner/lease_table.hpp"
 #include "rendezvous/owner/publications.hpp"
 #include "rendezvous/owner/work_dispatcher.hpp"
@@ -43,26 +45,6 @@
 namespace corma {
 
 namespace rendezvous {
-
-/// One registration of an object, shared by every lease that reads it (and
-/// by the export cache, for published objects).
-struct Export {
-  Export(RegionGuard g, std::vector<std::byte> d, std::shared_ptr<const void> k)
-      : guard(std::move(g)), descriptor(std::move(d)), keepalive(std::move(k)) {}
-  Export(const Export&) = delete;
-  Export& operator=(const Export&) = delete;
-  ~Export() {
-    // The bytes must outlive their registration: they are let go once the
-    // deregistration that dropping the guard starts is confirmed.
-    if (keepalive && !guard.deregistered().is_set()) {
-      guard.deregistered().async_wait([keep = std::move(keepalive)](Result<void>) {});
-    }
-  }
-
-  RegionGuard guard;
-  std::vector<std::byte> descriptor;
-  std::shared_ptr<const void> keepalive;
-};
 
 /// An error as the owner answers it (its detail cut to what a frame carries).
 inline ErrorReply error_reply(const Error& error) {
@@ -119,21 +101,10 @@ struct Owner::State : std::enable_shared_from_this<State> {
   /// Exports whose leases stop() dropped, kept (registered, bytes alive)
   /// until the Owner goes: see Owner::stop().
   std::vector<std::shared_ptr<Export>> retired;
-  /// The registration each name's leases read now. Between leases a
-  /// published object stays registered in the registry's cache
-  /// (config.cache_exports, Caching::keep), which also evicts it for room.
-  std::map<std::string, std::weak_ptr<Export>, std::less<>> exports;
-  /// How many entries `exports` had after its last sweep of expired ones:
-  /// it is swept again when it has doubled, so a server of many names
-  /// (corma serve) keeps entries for the exports alive, not for every name
-  /// it ever lent.
-  std::size_t exports_after_sweep = 0;
-  /// Cached exports the registry let go for room (it may do so on any thread).
-  std::shared_ptr<std::atomic<std::uint64_t>> exports_evicted = std::make_shared<std::atomic<std::uint64_t>>(0);
-  /// Registrations of objects under way, by name: an acquire of an object
-  /// being registered waits for that registration instead of making its own
-  /// (the timer never expires; it is cancelled when the registration ends).
-  std::map<std::string, std::shared_ptr<boost::asio::steady_timer>, std::less<>> exporting;
+  /// The registration each name's leases read now, and those under way
+  /// (published objects stay registered between leases in the registry's
+  /// cache, config.cache_exports, which also evicts them for room).
+  rendezvous::ExportTable exports;
   std::set<std::shared_ptr<FramedConnection>> connections;
   /// Acceptors a serve() waits on: stop() cancels their accepts, so that no
   /// work of the owner's is left in its io_context (the acceptors stay open:
@@ -148,7 +119,7 @@ struct Owner::State : std::enable_shared_from_this<State> {
   rendezvous::WorkDispatcher work;
 
   State(boost::asio::any_io_executor ex, std::shared_ptr<Registry> r, OwnerConfig c)
-      : executor(ex), registry(std::move(r)), config(c), leases(c.lease_timeout), reaper(ex), work(ex) {}
+      : executor(ex), registry(std::move(r)), config(c), leases(c.lease_timeout), exports(ex), reaper(ex), work(ex) {}
 
   // ---- objects, leases, batches (owner_leases.cpp) ----
 
@@ -245,10 +216,6 @@ struct Owner::State : std::enable_shared_from_this<State> {
 
   // ---- registrations, the export cache, windows (owner_exports.cpp) ----
 
-  /// The registration of `object` that another lease of `name` reads now;
-  /// null when there is none.
-  std::shared_ptr<Export> ready_export(const std::string& name, const PublishedObject& object);
-
   /// How an object's export is registered: kept in the registry's cache
   /// (with its keepalive) when it is a published object and the config
   /// says so, else registered for its leases alone.
@@ -257,29 +224,6 @@ struct Owner::State : std::enable_shared_from_this<State> {
   /// `name` is published again or the owner stops: its current registration is
   /// handed out no more, and its cached one is invalidated.
   void forget_export(const std::string& name);
-
-  /// Whether `exported` registers exactly `object`'s bytes (a name may
-  /// have been published again, or its file changed, since).
-  static bool covers(const Export& exported, const PublishedObject& object);
-
-  /// A registration of `name` under way; its waiters are woken however it ends.
-  struct ExportUnderWay {
-    State& state;
-    std::string name;
-    std::shared_ptr<boost::asio::steady_timer> done;
-    ExportUnderWay(State& s, std::string n)
-        : state(s),
-          name(std::move(n)),
-          done(std::make_shared<boost::asio::steady_timer>(s.executor, boost::asio::steady_timer::time_point::max())) {
-      state.exporting.emplace(name, done);
-    }
-    ExportUnderWay(const ExportUnderWay&) = delete;
-    ExportUnderWay& operator=(const ExportUnderWay&) = delete;
-    ~ExportUnderWay() {
-      state.exporting.erase(name);
-      done->cancel();
-    }
-  };
 
   /// The registration of `object` that leases of `name` read: the live
   /// one, a cached one, or a new one (one at a time per name).
