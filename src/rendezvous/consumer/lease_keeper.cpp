@@ -22,7 +22,7 @@ LeaseKeeper::Ticket& LeaseKeeper::Ticket::operator=(Ticket&& other) noexcept {
 }
 
 void LeaseKeeper::Ticket::drop() {
-  if (keeper_) keeper_->kept_.erase(lease_);
+  if (keeper_) keeper_->forget(lease_);
   keeper_.reset();
 }
 
@@ -35,7 +35,9 @@ std::optional<Error> LeaseKeeper::Ticket::lost() const {
 LeaseKeeper::Ticket LeaseKeeper::keep(std::uint64_t lease, std::uint32_t timeout_ms) {
   const bool was_idle = kept_.empty();
   const auto before = kept_.empty() ? std::chrono::milliseconds::max() : interval();
-  kept_[lease] = Kept{timeout_ms, std::nullopt};
+  forget(lease);  // kept again: its new timeout counts, not the old one
+  kept_.emplace(lease, Kept{timeout_ms, std::nullopt});
+  ++timeouts_[timeout_ms];
   // A shorter lease than any kept so far, or the first one: renew sooner.
   if (was_idle || interval() < before) wake_.cancel();
   return Ticket(shared_from_this(), lease);
@@ -48,9 +50,17 @@ void LeaseKeeper::stop() {
 
 void LeaseKeeper::start() { asio::co_spawn(wake_.get_executor(), run(shared_from_this()), asio::detached); }
 
+void LeaseKeeper::forget(std::uint64_t lease) {
+  auto it = kept_.find(lease);
+  if (it == kept_.end()) return;
+  if (auto counted = timeouts_.find(it->second.timeout_ms); counted != timeouts_.end() && --counted->second == 0) {
+    timeouts_.erase(counted);
+  }
+  kept_.erase(it);
+}
+
 std::chrono::milliseconds LeaseKeeper::interval() const {
-  std::uint32_t shortest = 0xffffffffU;
-  for (const auto& [lease, kept] : kept_) shortest = std::min(shortest, kept.timeout_ms);
+  const std::uint32_t shortest = timeouts_.empty() ? 0xffffffffU : timeouts_.begin()->first;
   return std::clamp(std::chrono::milliseconds(shortest / 3), std::chrono::milliseconds(10),
                     std::chrono::milliseconds(1000));
 }

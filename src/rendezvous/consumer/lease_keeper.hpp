@@ -65,9 +65,15 @@ class LeaseKeeper : public std::enable_shared_from_this<LeaseKeeper> {
   asio::awaitable<void> renew_all();
   asio::awaitable<void> send_heartbeat();
   [[nodiscard]] std::chrono::milliseconds interval() const;
+  /// Stops keeping `lease` (if it is kept).
+  void forget(std::uint64_t lease);
 
   std::shared_ptr<ConsumerLink> link_;
   std::map<std::uint64_t, Kept> kept_;
+  /// How many kept leases have each timeout: the shortest sets the renewal
+  /// interval, found without walking every lease (a set fetch keeps
+  /// hundreds, one at a time).
+  std::map<std::uint32_t, std::size_t> timeouts_;
   asio::steady_timer wake_;
   bool stopped_ = false;
   std::uint64_t renewals_ = 0;
