@@ -155,9 +155,10 @@ struct StreamDestination {
   ChunkSink sink;
   LandingFor rdma_landing;
   /// A chunked fetch lands in `rdma_landing`'s memory too, each chunk read
-  /// there straight from the socket (no copy of corma's, no call that can
-  /// block the consumer's loop on a file); the sink then serves only the
-  /// fallback after a failed RDMA read. Needs `rdma_landing`.
+  /// there straight from the socket (no copy of corma's); the sink then
+  /// serves only the fallback after a failed RDMA read. Needs
+  /// `rdma_landing`. Meant for memory: for a fresh shared mapping of a
+  /// file, a write fault per page costs more than a `pwrite` from the sink.
   bool chunks_to_landing = false;
 };
 
