@@ -58,6 +58,10 @@ class FileResolver {
   [[nodiscard]] std::uint64_t snapshot_bytes() const { return snapshots_->bytes_held(); }
   /// Reads waiting in line for room under the snapshot limit.
   [[nodiscard]] std::size_t reads_waiting_for_room() const { return snapshots_->reads_waiting_for_room(); }
+  /// Waits up to `limit` until exactly `count` reads wait for room.
+  bool wait_for_reads_waiting_for_room(std::size_t count, std::chrono::milliseconds limit) const {
+    return snapshots_->wait_for_reads_waiting_for_room(count, limit);
+  }
 
   [[nodiscard]] const std::filesystem::path& root() const noexcept { return root_; }
 

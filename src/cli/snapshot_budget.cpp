@@ -15,6 +15,8 @@ Result<void> SnapshotBudget::take(std::uint64_t size, const std::function<void(s
   std::unique_lock lock(mutex_);
   const std::uint64_t ticket = next_ticket_++;
   line_.push_back(ticket);
+  ++changes_;
+  changed_.notify_all();  // for wait_until_waiting(); those in line look again, harmlessly
   for (;;) {
     const bool first = line_.front() == ticket;
     if (first && held_ + size <= limit_) {
@@ -70,6 +72,11 @@ void SnapshotBudget::nudge() {
 std::uint64_t SnapshotBudget::held() const {
   std::lock_guard lock(mutex_);
   return held_;
+}
+
+bool SnapshotBudget::wait_until_waiting(std::size_t count, std::chrono::milliseconds limit) const {
+  std::unique_lock lock(mutex_);
+  return changed_.wait_for(lock, limit, [&] { return line_.size() == count; });
 }
 
 std::size_t SnapshotBudget::waiting() const {

@@ -43,6 +43,9 @@ class SnapshotBudget {
   [[nodiscard]] std::uint64_t limit() const noexcept { return limit_; }
   /// Reads waiting in line for room.
   [[nodiscard]] std::size_t waiting() const;
+  /// Waits up to `limit` until exactly `count` reads wait in line; whether
+  /// they do (for a caller that must know a read is queued, e.g. a test).
+  bool wait_until_waiting(std::size_t count, std::chrono::milliseconds limit) const;
 
  private:
   /// Leaves the line (under mutex_); whoever is next gets to look.
@@ -50,7 +53,7 @@ class SnapshotBudget {
 
   const std::uint64_t limit_;
   mutable std::mutex mutex_;
-  std::condition_variable changed_;
+  mutable std::condition_variable changed_;
   std::uint64_t held_ = 0;
   std::deque<std::uint64_t> line_;  ///< tickets of the reads in line, first come first
   std::uint64_t next_ticket_ = 0;

@@ -120,6 +120,10 @@ class SnapshotCache {
   [[nodiscard]] std::uint64_t bytes_held() const { return budget_->held(); }
   /// Reads waiting in line for room under the limit.
   [[nodiscard]] std::size_t reads_waiting_for_room() const { return budget_->waiting(); }
+  /// Waits up to `limit` until exactly `count` reads wait for room.
+  bool wait_for_reads_waiting_for_room(std::size_t count, std::chrono::milliseconds limit) const {
+    return budget_->wait_until_waiting(count, limit);
+  }
 
  private:
   struct Kept {

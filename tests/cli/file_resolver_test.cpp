@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <condition_variable>
 #include <cstdlib>
 #include <optional>
 #include <filesystem>
@@ -342,8 +343,11 @@ class Askers {
   /// Asks for `name`; `give_up` cancels the look-up.
   void ask(const std::string& name, boost::asio::cancellation_signal* give_up = nullptr) {
     auto record = [this, name](Result<PublishedObject> found) {
-      std::lock_guard lock(mutex_);
-      found_.insert_or_assign(name, std::move(found));
+      {
+        std::lock_guard lock(mutex_);
+        found_.insert_or_assign(name, std::move(found));
+      }
+      answered_.notify_all();
     };
     if (give_up == nullptr) return resolver_.resolve(name, readers_.get_executor(), std::move(record));
     resolver_.resolve(name, readers_.get_executor(), boost::asio::bind_cancellation_slot(give_up->slot(), std::move(record)));
@@ -355,29 +359,16 @@ class Askers {
   }
   /// The answer for `name`, waited for up to five seconds.
   std::optional<Result<PublishedObject>> answer(const std::string& name) {
-    if (!eventually([&] { return answered(name); })) return std::nullopt;
-    std::lock_guard lock(mutex_);
+    std::unique_lock lock(mutex_);
+    if (!answered_.wait_for(lock, std::chrono::seconds(5), [&] { return found_.contains(name); })) return std::nullopt;
     return found_.at(name);
-  }
-  void forget(const std::string& name) {
-    std::lock_guard lock(mutex_);
-    found_.erase(name);
-  }
-
-  /// Looks at `done` every millisecond for up to five seconds.
-  template <class Done>
-  static bool eventually(const Done& done) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-    while (!done() && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    return done();
   }
 
  private:
   const FileResolver& resolver_;
   boost::asio::thread_pool readers_{2};
   std::mutex mutex_;
+  std::condition_variable answered_;
   std::map<std::string, Result<PublishedObject>> found_;
 };
 
@@ -397,9 +388,9 @@ TEST_F(FileResolverTest, AReadThatFindsTheLimitSpentWaitsItsTurnForRoomAndIsServ
   Askers askers(resolver);
   resolver.refresh();
   askers.ask("c");
-  ASSERT_TRUE(Askers::eventually([&] { return resolver.reads_waiting_for_room() == 1; }));
+  ASSERT_TRUE(resolver.wait_for_reads_waiting_for_room(1, std::chrono::seconds(5)));
   askers.ask("d");
-  ASSERT_TRUE(Askers::eventually([&] { return resolver.reads_waiting_for_room() == 2; }))
+  ASSERT_TRUE(resolver.wait_for_reads_waiting_for_room(2, std::chrono::seconds(5)))
       << "a small file passed a larger one waiting for room before it";
   EXPECT_FALSE(askers.answered("c"));
   EXPECT_FALSE(askers.answered("d"));
@@ -435,13 +426,13 @@ TEST_F(FileResolverTest, AReadWaitingForRoomLeavesTheLineWhenGivenUpOrWhenItsWai
     boost::asio::cancellation_signal give_up;
     resolver.refresh();
     askers.ask("b", &give_up);
-    ASSERT_TRUE(Askers::eventually([&] { return resolver.reads_waiting_for_room() == 1; }));
+    ASSERT_TRUE(resolver.wait_for_reads_waiting_for_room(1, std::chrono::seconds(5)));
     give_up.emit(boost::asio::cancellation_type::terminal);
     auto found = askers.answer("b");
     ASSERT_TRUE(found.has_value());
     ASSERT_FALSE(*found);
     EXPECT_TRUE(found->error().is(errc::cancelled)) << found->error().message();
-    EXPECT_TRUE(Askers::eventually([&] { return resolver.reads_waiting_for_room() == 0; }))
+    EXPECT_TRUE(resolver.wait_for_reads_waiting_for_room(0, std::chrono::seconds(5)))
         << "a read nobody wants stayed in line";
   }
   // Its wait over with a still read: refused, and out of the line.
