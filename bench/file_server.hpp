@@ -103,6 +103,8 @@ struct FileGetter {
   boost::asio::io_context io{1};
   boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work = boost::asio::make_work_guard(io);
   std::thread thread{[this] { io.run(); }};
+  /// Writes the output's chunks, as corma get's file thread does.
+  boost::asio::thread_pool file_writer{1};
   std::unique_ptr<Consumer> consumer;
 
   FileGetter(const FileServer& server, std::shared_ptr<Registry> registry) {
@@ -124,7 +126,9 @@ struct FileGetter {
     const auto start = clock_type::now();
     auto output = must(cli::OutputFile::create(dir.output), "output file");
     auto fetched = must(
-        consumer->async_fetch_to(dir.file.filename().string(), output.destination(), boost::asio::use_future).get(),
+        consumer->async_fetch_to(dir.file.filename().string(), output.destination(file_writer.get_executor()),
+                                 boost::asio::use_future)
+            .get(),
         "fetch");
     if (fetched.path != expected || fetched.size != dir.size) throw std::runtime_error("wrong fetch");
     must(output.keep(), "output file");

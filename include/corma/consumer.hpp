@@ -10,6 +10,7 @@
 #include <corma/registry.hpp>
 #include <corma/rendezvous.hpp>
 
+#include <boost/asio/any_completion_handler.hpp>
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -134,6 +135,24 @@ struct PushOptions {
 /// with that error.
 using ChunkSink = std::function<Result<void>(std::uint64_t offset, std::span<const std::byte> bytes)>;
 
+/// The completion of an AsyncChunkSink's write.
+using ChunkWritten = boost::asio::any_completion_handler<void(Result<void>)>;
+
+/// Receives a fetched object's bytes like a ChunkSink, without holding up
+/// the consumer's loop (a file written on a thread of its own): it
+/// completes `done` exactly once, from any thread, when it is finished with
+/// `bytes`, which stay valid and untouched until then. Chunks are handed
+/// over in order; while the sink writes one, the fetch goes on reading the
+/// next, with up to two chunks held by the sink at once.
+/// An error ends the fetch with that error. A fetch completes only once the
+/// sink has answered for every chunk it was handed, cancelled or not, so
+/// that its caller may close what the sink writes to.
+using AsyncChunkSink = std::function<void(std::uint64_t offset, std::span<const std::byte> bytes, ChunkWritten done)>;
+
+/// `write` run on `executor` (a thread pool of file threads, say) instead of
+/// the consumer's loop: the asynchronous sink most programs want.
+[[nodiscard]] AsyncChunkSink sink_on(boost::asio::any_io_executor executor, ChunkSink write);
+
 /// Memory an RDMA read may land in for good (see StreamDestination):
 /// `memory`, at least the object's size, stays valid while `keepalive` is
 /// held, and the consumer holds it until the memory's registration is gone.
@@ -154,6 +173,9 @@ using LandingFor = std::function<Result<Landing>(std::uint64_t size)>;
 struct StreamDestination {
   ChunkSink sink;
   LandingFor rdma_landing;
+  /// Takes `sink`'s place when it is set: the bytes are handed over and the
+  /// fetch goes on while they are written.
+  AsyncChunkSink async_sink = {};
   /// A chunked fetch lands in `rdma_landing`'s memory too, each chunk read
   /// there straight from the socket (no copy of corma's); the sink then
   /// serves only the fallback after a failed RDMA read. Needs

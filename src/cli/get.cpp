@@ -14,6 +14,7 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/thread_pool.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/use_future.hpp>
 
@@ -161,11 +162,14 @@ int run_get(const GetOptions& options) {
     std::fprintf(stderr, "corma get: %s\n", output.error().message().c_str());
     return 1;
   }
+  // One file thread writes the output's chunks while the loop reads the
+  // next ones (the loop never waits for the disk).
+  asio::thread_pool file_writer(1);
   const auto start = std::chrono::steady_clock::now();
   std::string served_by;
   auto fetch = [&]() -> asio::awaitable<Result<FetchOutcome>> {
     // Named, not a temporary inside the co_await: g++ 12 destroys those twice.
-    auto destination = output.value().destination();
+    auto destination = output.value().destination(file_writer.get_executor());
     if (target.value().directory) {
       ClusterConsumer cluster(io.get_executor(), target.value().directory, registry, config);
       ClusterFetchOptions which;

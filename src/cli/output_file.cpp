@@ -71,17 +71,18 @@ Result<void> OutputFile::truncate(std::uint64_t size) {
   return success();
 }
 
-StreamDestination OutputFile::destination() {
-  if (!regular_) return StreamDestination{sink(), {}};
-  auto landing = [fd = fd_, path = path_](std::uint64_t size) { return map_file(fd, path, size); };
+StreamDestination OutputFile::destination(const boost::asio::any_io_executor& writer) {
+  StreamDestination destination;
+  destination.async_sink = sink_on(writer, sink());
+  if (!regular_) return destination;
+  destination.rdma_landing = [fd = fd_, path = path_](std::uint64_t size) { return map_file(fd, path, size); };
   // Chunks go through the sink, not the mapping: a chunk read into the
   // mapping faults in and zeroes every page of the freshly sized file before
   // the bytes land, and made a 256 MiB chunked fetch about 40 % slower than a
   // read into a recycled buffer written with pwrite (bench `file_fetch
-  // size=256MiB chunked`). The kernel's work on the file is the same either
-  // way and runs on the consumer's loop either way (a fault on a shared
-  // mapping throttles on dirty pages where a write does).
-  return StreamDestination{sink(), std::move(landing), false};
+  // size=256MiB chunked`).
+  destination.chunks_to_landing = false;
+  return destination;
 }
 
 Result<void> OutputFile::keep() {

@@ -26,11 +26,13 @@ class OutputFile {
   /// Writes each chunk at its offset (`backend` with the system's reason
   /// when a write fails: a full disk ends the fetch).
   [[nodiscard]] ChunkSink sink();
-  /// Where a fetch writes this file: chunks through sink(), an RDMA read
-  /// straight into a shared mapping of the file (sized to the object), so
-  /// the bytes reach the file with no copy. Anything but a regular file (a
-  /// pipe, /dev/null) is written through the sink alone.
-  [[nodiscard]] StreamDestination destination();
+  /// Where a fetch writes this file: chunks through sink(), run on
+  /// `writer` (a file thread, so that the consumer's loop goes on reading
+  /// while a chunk is written), an RDMA read straight into a shared mapping
+  /// of the file (sized to the object), so the bytes reach the file with no
+  /// copy. Anything but a regular file (a pipe, /dev/null) is written
+  /// through the sink alone.
+  [[nodiscard]] StreamDestination destination(const boost::asio::any_io_executor& writer);
   /// The file sized to `size` bytes and mapped shared, writable: what an
   /// RDMA read or a push lands in. Unmapped once the keepalive goes.
   /// `not_configured` for anything but a regular file.

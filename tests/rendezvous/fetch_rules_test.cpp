@@ -1,5 +1,6 @@
 // One set of rules for every way to fetch: async_fetch, async_fetch_into,
-// async_fetch_to, a set of one through async_fetch_many, and
+// async_fetch_to (into a sink, and into an asynchronous sink on a thread of
+// its own), a set of one through async_fetch_many, and
 // async_push_fetch are each held to the same answers. A name nobody
 // published is not found; a name no owner could take is refused before
 // anything is sent; an object published again while it is read fails with
@@ -13,6 +14,9 @@
 
 #include <boost/asio/bind_cancellation_slot.hpp>
 #include <boost/asio/cancellation_signal.hpp>
+#include <boost/asio/thread_pool.hpp>
+
+#include <mutex>
 
 #include <optional>
 
@@ -45,6 +49,8 @@ class FetchRules : public Rendezvous, public ::testing::WithParamInterface<Entry
   /// Registered memory the entry points that need it land in.
   Bytes memory = Bytes(2 << 20);
   corma::RegionGuard region;
+  /// The thread an asynchronous sink writes on.
+  asio::thread_pool writer{1};
 
   void SetUp() override {
     corma::OwnerConfig config;
@@ -130,6 +136,33 @@ asio::awaitable<Result<Fetch>> to_sink(FetchRules&, corma::Consumer& consumer, s
   if (!fetched) co_return std::move(fetched).error();
   EXPECT_TRUE(in_place) << "the sink was handed bytes out of order, or at offsets other than the object's";
   co_return Fetch{std::move(bytes), fetched.value()};
+}
+
+asio::awaitable<Result<Fetch>> to_async_sink(FetchRules& test, corma::Consumer& consumer, std::string name,
+                                             corma::ByteRange range) {
+  // Written on a thread of its own: handed over in order, at the object's offsets.
+  struct Written {
+    std::mutex mutex;
+    Bytes bytes;
+    std::uint64_t next = 0;
+    bool in_place = true;
+  };
+  auto written = std::make_shared<Written>();
+  written->next = range.offset;
+  corma::StreamDestination destination;
+  destination.async_sink = corma::sink_on(
+      test.writer.get_executor(), [written](std::uint64_t offset, std::span<const std::byte> chunk) -> Result<void> {
+        std::lock_guard lock(written->mutex);
+        written->in_place = written->in_place && offset == written->next;
+        written->next = offset + chunk.size();
+        written->bytes.insert(written->bytes.end(), chunk.begin(), chunk.end());
+        return corma::success();
+      });
+  auto fetched = co_await consumer.async_fetch_to(std::move(name), std::move(destination), range);
+  if (!fetched) co_return std::move(fetched).error();
+  std::lock_guard lock(written->mutex);
+  EXPECT_TRUE(written->in_place) << "the sink was handed bytes out of order, or at offsets other than the object's";
+  co_return Fetch{std::move(written->bytes), fetched.value()};
 }
 
 asio::awaitable<Result<Fetch>> set_of_one(FetchRules& test, corma::Consumer& consumer, std::string name,
@@ -276,13 +309,16 @@ TEST_P(FetchRanges, ARangeOutsideTheObjectIsOutOfRangeItsLeaseReleasedAndTheConn
 
 INSTANTIATE_TEST_SUITE_P(EveryEntryPoint, FetchRules,
                          ::testing::Values(EntryPoint{"fetch", whole}, EntryPoint{"fetch_into", into_region},
-                                           EntryPoint{"fetch_to", to_sink}, EntryPoint{"fetch_many", set_of_one},
-                                           EntryPoint{"push_fetch", pushed}),
+                                           EntryPoint{"fetch_to", to_sink},
+                                           EntryPoint{"fetch_to_async_sink", to_async_sink},
+                                           EntryPoint{"fetch_many", set_of_one}, EntryPoint{"push_fetch", pushed}),
                          [](const auto& entry) { return std::string(entry.param.name); });
 
 INSTANTIATE_TEST_SUITE_P(EveryEntryPointThatReadsRanges, FetchRanges,
                          ::testing::Values(EntryPoint{"fetch", whole}, EntryPoint{"fetch_into", into_region},
-                                           EntryPoint{"fetch_to", to_sink}, EntryPoint{"fetch_many", set_of_one}),
+                                           EntryPoint{"fetch_to", to_sink},
+                                           EntryPoint{"fetch_to_async_sink", to_async_sink},
+                                           EntryPoint{"fetch_many", set_of_one}),
                          [](const auto& entry) { return std::string(entry.param.name); });
 
 // ---- generations of what a resolver finds, and older consumers --------------------------

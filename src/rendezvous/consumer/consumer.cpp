@@ -58,7 +58,7 @@ namespace {
 /// Fresh memory for one fetch, allocated into `holder` when the fetch needs
 /// it; a transfer that outlives the fetch takes it over until its
 /// registration is gone.
-Consumer::State::Destination fresh_buffer_in(OwnedBuffer& holder, ChunkSink sink = {}) {
+Consumer::State::Destination fresh_buffer_in(OwnedBuffer& holder, rendezvous::Sink sink = {}) {
   return {[&holder](std::uint64_t size) -> Result<std::span<std::byte>> {
             // Exactly the bytes fetched: Fetched::data of nothing is empty.
             holder = size == 0 ? OwnedBuffer{} : OwnedBuffer::allocate(size);
@@ -82,7 +82,8 @@ asio::awaitable<Result<Fetched>> fetch_new(std::shared_ptr<Consumer::State> stat
 /// The caller's landing memory for an RDMA read, whose keepalive goes into
 /// `held` once it is asked for; a transfer that outlives the fetch takes
 /// the keepalive over until its registration is gone.
-Consumer::State::Destination landing_in(std::shared_ptr<const void>& held, StreamDestination destination) {
+Consumer::State::Destination landing_in(std::shared_ptr<const void>& held, StreamDestination destination,
+                                        const asio::any_io_executor& home) {
   Consumer::State::Destination landing;
   landing.span_for = [&held, landing_for = std::move(destination.rdma_landing)](
                          std::uint64_t size) -> Result<std::span<std::byte>> {
@@ -97,7 +98,7 @@ Consumer::State::Destination landing_in(std::shared_ptr<const void>& held, Strea
   landing.keep_until = [&held](DeregisteredEvent released) {
     keep_until_deregistered(std::exchange(held, nullptr), released);
   };
-  landing.sink = std::move(destination.sink);
+  landing.sink = rendezvous::Sink::of(destination, home);
   landing.rdma_lands_for_good = true;
   landing.chunks_to_memory = destination.chunks_to_landing;
   return landing;
@@ -110,9 +111,9 @@ asio::awaitable<Result<FetchOutcome>> fetch_to(std::shared_ptr<Consumer::State> 
   // fresh memory handed to the sink.
   std::shared_ptr<const void> landing_keepalive;
   OwnedBuffer rdma_landing;
-  const auto fetch_destination = destination.rdma_landing
-                                     ? landing_in(landing_keepalive, std::move(destination))
-                                     : fresh_buffer_in(rdma_landing, std::move(destination.sink));
+  const auto fetch_destination =
+      destination.rdma_landing ? landing_in(landing_keepalive, std::move(destination), state->executor)
+                               : fresh_buffer_in(rdma_landing, rendezvous::Sink::of(destination, state->executor));
   co_return co_await state->fetch(std::move(name), fetch_destination, range);
 }
 

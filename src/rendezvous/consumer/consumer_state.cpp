@@ -80,7 +80,7 @@ Consumer::State::Destination registered_destination(RegionGuard& region, std::ui
           &region,
           offset,
           nullptr,
-          nullptr};
+          {}};
 }
 
 Consumer::State::State(asio::any_io_executor ex, std::shared_ptr<Registry> r, ConsumerConfig c)
@@ -151,6 +151,8 @@ asio::awaitable<std::vector<Result<void>>> Consumer::State::pull_objects(std::ve
   std::vector<std::uint64_t> received(jobs.size(), 0);
   std::vector<std::optional<Error>> failed(jobs.size());
   std::size_t issuing = 0;  // the object whose pulls go out next
+  // Chunks an asynchronous sink is writing while the next ones are read.
+  rendezvous::HandedOver handed(executor, chunks_with_sink);
   // An object that fails (or a fetch that ends) stops asking: the answers
   // to its pulls still asked are dropped when they come.
   auto forget_asked = [&](std::optional<std::size_t> only_job) {
@@ -167,7 +169,16 @@ asio::awaitable<std::vector<Result<void>>> Consumer::State::pull_objects(std::ve
       if (!failed[j] && received[j] < jobs[j].slice.length) failed[j] = why;
     }
   };
+  // A sink that failed stops its object, as a wrong answer does.
+  auto take_sink_failures = [&] {
+    for (auto& [j, why] : handed.failures()) {
+      if (failed[j]) continue;
+      failed[j] = std::move(why);
+      forget_asked(j);
+    }
+  };
   for (;;) {
+    take_sink_failures();
     if (co_await cancelled_here()) {
       fail_unfinished(fetch_cancelled("during the chunked read"));
       break;
@@ -193,7 +204,8 @@ asio::awaitable<std::vector<Result<void>>> Consumer::State::pull_objects(std::ve
     asked.pop_front();
     on_the_wire -= pull.len;
     auto reply = co_await link->answer(pull.id);
-    auto taken = take_chunk(pull.offset, pull.len, std::move(reply), jobs[pull.job]);
+    if (failed[pull.job]) continue;  // its sink failed meanwhile: the answer is dropped
+    auto taken = take_chunk(pull.offset, pull.len, std::move(reply), jobs[pull.job], pull.job, handed);
     if (!taken) {
       failed[pull.job] = std::move(taken).error();
       forget_asked(pull.job);
@@ -202,9 +214,13 @@ asio::awaitable<std::vector<Result<void>>> Consumer::State::pull_objects(std::ve
     }
     received[pull.job] += pull.len;
     if (config.on_progress) config.on_progress(received[pull.job], jobs[pull.job].slice.length);
+    co_await handed.room();
   }
-  // Answers still being read into the jobs' memory finish before it goes.
+  // Answers still being read into the jobs' memory finish before it goes,
+  // and the fetch ends only once its sinks have answered for every chunk.
   co_await link->landings_settled();
+  co_await handed.all_back();
+  take_sink_failures();
   std::vector<Result<void>> results;
   results.reserve(jobs.size());
   for (auto& why : failed) results.push_back(why ? Result<void>(std::move(*why)) : success());
@@ -212,7 +228,7 @@ asio::awaitable<std::vector<Result<void>>> Consumer::State::pull_objects(std::ve
 }
 
 Result<void> Consumer::State::take_chunk(std::uint64_t offset, std::uint32_t len, Result<Message> reply,
-                                         const PullJob& job) {
+                                         const PullJob& job, std::size_t index, rendezvous::HandedOver& handed) {
   CORMA_TRY(auto message, std::move(reply));
   auto* data = std::get_if<Data>(&message);
   const bool landed = data != nullptr && !job.memory.empty() && data->landed == len && data->bytes.empty();
@@ -223,8 +239,14 @@ Result<void> Consumer::State::take_chunk(std::uint64_t offset, std::uint32_t len
   }
   if (landed) return success();
   Result<void> written = success();
+  if (job.memory.empty() && job.write.hands_over()) {
+    // Its buffer comes back for the next answer once the sink is done.
+    handed.hand(job.write, index, offset, std::move(data->bytes),
+                [link = link](std::vector<std::byte> buffer) { link->recycle(std::move(buffer)); });
+    return success();
+  }
   if (job.memory.empty()) {
-    written = job.write(offset, data->bytes);
+    written = job.write.write_in_place(offset, data->bytes);
   } else {
     std::memcpy(job.memory.data() + (offset - job.slice.offset), data->bytes.data(), len);
   }
@@ -310,7 +332,7 @@ asio::awaitable<Result<void>> Consumer::State::read_remote(const std::vector<std
 
 asio::awaitable<Result<void>> Consumer::State::read_windows(const RdmaWindow& first, Slice slice,
                                                             RegionGuard& guard, std::uint64_t base,
-                                                            const ChunkSink& sink, std::uint32_t& windows) {
+                                                            const rendezvous::Sink& sink, std::uint32_t& windows) {
   if (slice.length == 0) co_return success();
   RdmaWindow window = first;
   // A version 5 owner moves a window past bytes nobody asked for; an older
@@ -331,7 +353,7 @@ asio::awaitable<Result<void>> Consumer::State::read_windows(const RdmaWindow& fi
                                         base + (from - slice.offset)));
       ++windows;
       if (sink) {
-        CORMA_CO_TRY(sink(from, guard.bytes().subspan(base + (from - slice.offset), to - from)));
+        CORMA_CO_TRY(co_await sink.write(from, guard.bytes().subspan(base + (from - slice.offset), to - from)));
       }
       if (config.on_progress) config.on_progress(to - slice.offset, slice.length);
     }
@@ -461,7 +483,7 @@ asio::awaitable<Result<FetchOutcome>> Consumer::State::fetch(std::string name, c
   if (rdma_granted) {
     // Windows go to the sink one by one as they land; a whole grant after
     // (unless they landed where they belong).
-    ChunkSink rdma_sink = destination.rdma_lands_for_good ? ChunkSink{} : destination.sink;
+    rendezvous::Sink rdma_sink = destination.rdma_lands_for_good ? rendezvous::Sink{} : destination.sink;
     const ReadInto read = [&](RegionGuard& guard, std::uint64_t base) {
       return grant != nullptr ? read_remote(grant->descriptor, grant->size, slice, guard, base)
                               : read_windows(*window, slice, guard, base, rdma_sink, fetched.windows);
@@ -495,7 +517,7 @@ asio::awaitable<Result<FetchOutcome>> Consumer::State::fetch(std::string name, c
         got = std::move(guard).error();
       }
     }
-    if (got && rdma_sink && grant != nullptr) got = rdma_sink(slice.offset, into.value().first(slice.length));
+    if (got && rdma_sink && grant != nullptr) got = co_await rdma_sink.write(slice.offset, into.value().first(slice.length));
     // The owner let the lease lapse during the read: the bytes may have
     // been let go meanwhile, and no chunks can follow on it.
     if (auto lapsed = kept.lost()) {

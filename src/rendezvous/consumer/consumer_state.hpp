@@ -6,6 +6,7 @@
 #include "rendezvous/consumer/consumer_link.hpp"
 #include "rendezvous/consumer/in_flight_limit.hpp"
 #include "rendezvous/consumer/lease_keeper.hpp"
+#include "rendezvous/consumer/sink.hpp"
 
 #include <corma/consumer.hpp>
 #include <corma/descriptor.hpp>
@@ -127,7 +128,7 @@ struct Consumer::State {
     std::uint64_t lease;
     rendezvous::Slice slice;
     std::uint32_t chunk;
-    ChunkSink write;
+    rendezvous::Sink write;
     std::span<std::byte> memory;
   };
 
@@ -172,7 +173,7 @@ struct Consumer::State {
   /// the slice is whole; `sink` (may be empty) is handed each part as it
   /// lands. `windows` counts the windows read.
   Awaitable<Result<void>> read_windows(const rendezvous::RdmaWindow& first, rendezvous::Slice slice,
-                                       RegionGuard& guard, std::uint64_t base, const ChunkSink& sink,
+                                       RegionGuard& guard, std::uint64_t base, const rendezvous::Sink& sink,
                                        std::uint32_t& windows);
   /// A read into a registered region, at `base` in it.
   using ReadInto = std::function<Awaitable<Result<void>>(RegionGuard& guard, std::uint64_t base)>;
@@ -202,7 +203,7 @@ struct Consumer::State {
     std::function<void(DeregisteredEvent)> keep_until;
     /// When set, chunks go here as they arrive instead of into span_for's
     /// memory (which then only serves an RDMA get, handed over whole).
-    ChunkSink sink;
+    rendezvous::Sink sink;
     /// With a sink: span_for's memory is where an RDMA read belongs for
     /// good (the caller's landing), so the sink is not handed it.
     bool rdma_lands_for_good = false;
@@ -235,7 +236,9 @@ struct Consumer::State {
   /// Checks the answer to a pull of [offset, offset + len) of `job` and
   /// puts its bytes where they go (unless they landed there already).
   /// Wrong bytes end the connection: the owner is not speaking the protocol.
-  Result<void> take_chunk(std::uint64_t offset, std::uint32_t len, Result<Message> reply, const PullJob& job);
+  /// A chunk for an asynchronous sink is handed to it through `handed`.
+  Result<void> take_chunk(std::uint64_t offset, std::uint32_t len, Result<Message> reply, const PullJob& job,
+                          std::size_t index, rendezvous::HandedOver& handed);
   /// Where the object goes; when it has nowhere to go, the lease is released.
   Awaitable<Result<std::span<std::byte>>> span_to_fill(const Destination& destination, std::uint64_t lease,
                                                        std::uint64_t size);
