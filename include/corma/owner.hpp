@@ -28,6 +28,12 @@ namespace corma {
 struct PublishedObject {
   std::span<const std::byte> bytes;
   std::shared_ptr<const void> keepalive;
+  /// What a resolver found is one version of its name while this (compared
+  /// by owner, and held weakly: the resolver keeps it alive) stays the same;
+  /// `keepalive` when empty. Every fetch of one version is told the same
+  /// generation, also when the resolver lends it under a fresh keepalive
+  /// each time (to hear when each lending ends).
+  std::shared_ptr<const void> version = {};
 };
 
 /// Finds objects the owner did not publish up front (corma serve reads

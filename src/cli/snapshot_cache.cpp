@@ -97,11 +97,14 @@ void SnapshotCache::give_up(std::uint64_t read_id) {
 PublishedObject SnapshotCache::lend(std::shared_ptr<const FileSnapshot> snapshot) const {
   const auto bytes = snapshot->bytes();
   const auto* data = snapshot.get();
+  // Lent under a keepalive of its own each time, to hear when each lending
+  // ends; every lending of one snapshot is still one version of the file.
+  std::shared_ptr<const void> version = snapshot;
   std::shared_ptr<const void> lent(data, [snapshot = std::move(snapshot), budget = budget_](const void*) mutable {
     snapshot.reset();
     budget->nudge();
   });
-  return PublishedObject{bytes, std::move(lent)};
+  return PublishedObject{bytes, std::move(lent), std::move(version)};
 }
 
 void SnapshotCache::finish(Ticket ticket, const Result<PublishedObject>& result) {

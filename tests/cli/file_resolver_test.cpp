@@ -124,16 +124,31 @@ TEST_F(FileResolverTest, AnUnchangedFileIsReadOnceAndKeptWhileNobodyReadsIt) {
   write_file("a", 4096, 'a');
   auto resolver = FileResolver::create(dir, 1 << 20).value();
   const void* first = nullptr;
+  std::weak_ptr<const void> first_version;
   {
     auto taken = fetch(resolver, "a");
     ASSERT_TRUE(taken) << taken.error().message();
     first = taken.value().keepalive.get();
+    first_version = taken.value().version;
   }  // nobody reads it now
   EXPECT_EQ(resolver.snapshot_bytes(), 4096u) << "the idle snapshot was not kept";
   auto again = fetch(resolver, "a");
   ASSERT_TRUE(again) << again.error().message();
   EXPECT_EQ(again.value().keepalive.get(), first) << "an unchanged file was read again";
   EXPECT_EQ(first_byte(again.value()), 'a');
+  // Lent under a fresh keepalive, but named as the same version: an owner
+  // tells every fetch of it the same generation.
+  ASSERT_TRUE(again.value().version);
+  EXPECT_FALSE(first_version.expired());
+  EXPECT_TRUE(!first_version.owner_before(again.value().version) && !again.value().version.owner_before(first_version))
+      << "two lendings of one snapshot named different versions";
+
+  write_file("a", 4096, 'b');
+  auto changed = fetch(resolver, "a");
+  ASSERT_TRUE(changed) << changed.error().message();
+  EXPECT_EQ(first_byte(changed.value()), 'b');
+  EXPECT_TRUE(first_version.owner_before(changed.value().version) || changed.value().version.owner_before(first_version))
+      << "a changed file named the old version";
 }
 
 TEST_F(FileResolverTest, ConsumersAskingForOneColdFileAtOnceShareOneRead) {

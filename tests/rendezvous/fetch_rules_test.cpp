@@ -363,6 +363,23 @@ TEST_F(Generations, AResolvedVersionKeepsItsGenerationWhileItIsTheSameAndAChange
   EXPECT_TRUE(published.has_value() && published != first && published != changed);
 }
 
+TEST_F(Generations, AVersionLentUnderAFreshKeepaliveEachTimeKeepsItsGeneration) {
+  start_owner();
+  // As corma serve lends a kept snapshot: a keepalive of its own per look-up
+  // (to hear when that lending ends), the version named apart.
+  auto current = std::make_shared<const Bytes>(pattern(5000, 6));
+  owner->set_resolver([&](std::string_view) -> Result<corma::PublishedObject> {
+    std::shared_ptr<const void> lent(current.get(), [held = current](const void*) {});
+    return corma::PublishedObject{*current, std::move(lent), current};
+  });
+  auto c = corma::testing::run(io, connect(consumer_registry)).value();
+  const auto first = generation_of_fetch(*c, "lent");
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(generation_of_fetch(*c, "lent"), first) << "one version lent twice read as two";
+  current = std::make_shared<const Bytes>(pattern(5000, 7));
+  EXPECT_NE(generation_of_fetch(*c, "lent"), first) << "a new version read as the old one";
+}
+
 TEST_F(Generations, AConsumerOfVersion4IsToldNoGenerationAndReadsAsBefore) {
   start_owner();
   corma::ConsumerConfig config;

@@ -26,20 +26,21 @@ std::uint64_t Publications::publication_of(std::string_view name) const {
 }
 
 std::uint64_t Publications::resolved_generation(const std::string& name, const PublishedObject& object) {
-  const auto same_version = [&object](const ResolvedVersion& known) {
-    // The same owner of the bytes, alive: compared by control block, so a
-    // new keepalive at a freed one's address is never taken for it.
-    return object.keepalive && !known.keepalive.expired() && !known.keepalive.owner_before(object.keepalive) &&
-           !object.keepalive.owner_before(known.keepalive);
+  const auto& version = object.version ? object.version : object.keepalive;
+  const auto same_version = [&version](const ResolvedVersion& known) {
+    // The same version, alive: compared by control block, so a new one at
+    // a freed one's address is never taken for it.
+    return version && !known.version.expired() && !known.version.owner_before(version) &&
+           !version.owner_before(known.version);
   };
   if (auto it = resolved_.find(name); it != resolved_.end() && same_version(it->second)) {
     return it->second.generation;
   }
   const auto generation = ++last_generation_;
-  if (!object.keepalive) return generation;
-  resolved_.insert_or_assign(name, ResolvedVersion{object.keepalive, generation});
+  if (!version) return generation;
+  resolved_.insert_or_assign(name, ResolvedVersion{version, generation});
   if (resolved_.size() >= std::max<std::size_t>(2 * resolved_after_sweep_, 64)) {
-    std::erase_if(resolved_, [](const auto& entry) { return entry.second.keepalive.expired(); });
+    std::erase_if(resolved_, [](const auto& entry) { return entry.second.version.expired(); });
     resolved_after_sweep_ = resolved_.size();
   }
   return generation;

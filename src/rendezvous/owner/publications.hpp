@@ -36,8 +36,9 @@ class Publications {
   [[nodiscard]] std::uint64_t publication_of(std::string_view name) const;
 
   /// The generation of what a resolver found for `name`: the one given
-  /// before when it is the same version (the same keepalive, still alive),
-  /// else a new one. A resolver whose answers carry no keepalive gets a new
+  /// before when it is the same version (the same PublishedObject::version,
+  /// or keepalive, still alive), else a new one. A resolver whose answers
+  /// carry neither gets a new
   /// generation per look-up: equal generations always mean the same bytes,
   /// different ones only maybe different bytes.
   std::uint64_t resolved_generation(const std::string& name, const PublishedObject& object);
@@ -50,11 +51,11 @@ class Publications {
     PublishedObject object;
     std::uint64_t number = 0;
   };
-  /// The version of a name the resolver last found, known by its keepalive
-  /// (FileResolver's kept snapshot: the same one while the file is
-  /// unchanged), and the generation given to it.
+  /// The version of a name the resolver last found (FileResolver's kept
+  /// snapshot: the same one while the file is unchanged), and the
+  /// generation given to it.
   struct ResolvedVersion {
-    std::weak_ptr<const void> keepalive;
+    std::weak_ptr<const void> version;  ///< PublishedObject::version, or its keepalive
     std::uint64_t generation = 0;
   };
 
