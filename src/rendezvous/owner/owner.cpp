@@ -57,14 +57,9 @@ asio::any_io_executor Owner::executor() const { return state_->executor; }
 asio::awaitable<void> Owner::accept_loop(asio::ip::tcp::acceptor& acceptor) {
   auto state = state_;
   // Listed while it waits for connections, however the loop ends.
-  struct Listed {
-    State& state;
-    std::multiset<asio::ip::tcp::acceptor*>::iterator at;
-    ~Listed() { state.accepting.erase(at); }
-  } listed{*state, state->accepting.insert(&acceptor)};
+  const rendezvous::ConnectionTable::Listening listed(state->connections, acceptor);
   auto admit = [&state](asio::ip::tcp::socket socket) {
-    if (state->connections.size() >= state->config.max_connections ||
-        state->handshakes >= state->config.max_handshakes) {
+    if (state->connections.full()) {
       state->refuse(socket);
       return;
     }
@@ -104,12 +99,8 @@ void Owner::stop() {
   auto& state = *state_;
   state.draining = true;
   state.reaper.cancel();
-  for (auto* acceptor : state.accepting) {
-    boost::system::error_code ignored;
-    acceptor->cancel(ignored);  // the accept loop ends; the acceptor stays open
-  }
+  state.connections.stop_all();  // the accept loops end; the acceptors stay open
   state.work.wake();
-  for (const auto& connection : state.connections) connection->close();
   state.leases.clear([&state](rendezvous::Lease& lease) {
     if (lease.exported) state.retired.push_back(std::move(lease.exported));
   });

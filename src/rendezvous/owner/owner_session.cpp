@@ -119,12 +119,12 @@ asio::awaitable<bool> Owner::State::take(const Session& session, AnswerQueue& an
 asio::awaitable<void> Owner::State::session(asio::ip::tcp::socket socket) {
   auto self = shared_from_this();
   auto connection = std::make_shared<FramedConnection>(std::move(socket), default_max_frame_body);
-  connections.insert(connection);
+  std::optional<rendezvous::ConnectionTable::Session> listed;
+  listed.emplace(connections, connection);
   ++stats.connections;
-  const std::uint64_t session_id = next_session++;
-  ++handshakes;
+  const std::uint64_t session_id = listed->id();
   const auto greeting = co_await handshake(*connection);
-  --handshakes;
+  listed->handshake_ended();
   const auto& peer = greeting.peer;
   const Session session{session_id, peer.has_value(), greeting.version >= batch_protocol_version,
                         greeting.version >= push_protocol_version, greeting.version >= heartbeat_protocol_version};
@@ -156,7 +156,7 @@ asio::awaitable<void> Owner::State::session(asio::ip::tcp::socket socket) {
   give_up_push_lookups(session_id);
   co_await answers.until_below(1);
   connection->close();
-  connections.erase(connection);
+  listed.reset();
   leases.drop_session(session_id);
   co_await close_push_peer(session_id);
   if (peer && registry) {

@@ -13,6 +13,7 @@
 #pragma once
 
 #include "rendezvous/owner/answer_queue.hpp"
+#include "rendezvous/owner/connection_table.hpp"
 #include "rendezvous/owner/export_table.hpp"
 #include "rendezvous/owner/lease_table.hpp"
 #include "rendezvous/owner/publications.hpp"
@@ -97,7 +98,6 @@ struct Owner::State : std::enable_shared_from_this<State> {
   std::function<void()> refresh_resolver;
   /// The leases granted, and the places acquires under way hold.
   rendezvous::LeaseTable leases;
-  std::size_t handshakes = 0;  // connections that have not finished their hello
   /// Exports whose leases stop() dropped, kept (registered, bytes alive)
   /// until the Owner goes: see Owner::stop().
   std::vector<std::shared_ptr<Export>> retired;
@@ -105,12 +105,10 @@ struct Owner::State : std::enable_shared_from_this<State> {
   /// (published objects stay registered between leases in the registry's
   /// cache, config.cache_exports, which also evicts them for room).
   rendezvous::ExportTable exports;
-  std::set<std::shared_ptr<FramedConnection>> connections;
-  /// Acceptors a serve() waits on: stop() cancels their accepts, so that no
-  /// work of the owner's is left in its io_context (the acceptors stay open:
-  /// they are the caller's).
-  std::multiset<boost::asio::ip::tcp::acceptor*> accepting;
-  std::uint64_t next_session = 1;
+  /// The connections, their handshakes and session ids, and the acceptors
+  /// a serve() waits on: stop() cancels their accepts, so that no work of
+  /// the owner's is left in its io_context.
+  rendezvous::ConnectionTable connections;
   bool draining = false;
   OwnerStats stats;
   boost::asio::steady_timer reaper;
@@ -119,7 +117,11 @@ struct Owner::State : std::enable_shared_from_this<State> {
   rendezvous::WorkDispatcher work;
 
   State(boost::asio::any_io_executor ex, std::shared_ptr<Registry> r, OwnerConfig c)
-      : executor(ex), registry(std::move(r)), config(c), leases(c.lease_timeout), exports(ex), reaper(ex), work(ex) {}
+      : executor(ex), registry(std::move(r)), config(c), leases(c.lease_timeout),
+        exports(ex),
+        connections(c.max_connections, c.max_handshakes),
+        reaper(ex),
+        work(ex) {}
 
   // ---- objects, leases, batches (owner_leases.cpp) ----
 
