@@ -52,41 +52,37 @@ void Owner::State::start_push_request(const Session& session, AnswerQueue& answe
 asio::awaitable<Message> Owner::State::push_open(std::uint64_t session) {
   if (!config.accept_push || !registry) co_return refusal(errc::not_configured, "this owner takes no pushes");
   if (draining) co_return refusal(errc::shutting_down, "the owner is draining");
-  if (push_peers.contains(session)) {
+  if (!push_peers.begin_opening(session)) {
     ++stats.refused_requests;
     co_return refusal(errc::protocol, "this connection already opened its push peer");
   }
-  push_peers.emplace(session, PushPeer{});
   auto offer = co_await registry->backend()->async_peer_offer(asio::use_awaitable);
   if (!offer) {
-    push_peers.erase(session);
+    push_peers.forget(session);
     co_return error_reply(offer.error());
   }
-  auto& entry = push_peers.at(session);
-  entry.peer = offer.value().peer;
-  entry.stage = PushPeer::Stage::offered;
+  push_peers.offered(session, offer.value().peer);
   co_return rendezvous::PushOffer{std::move(offer.value().blob)};
 }
 
 asio::awaitable<Message> Owner::State::push_connect(std::uint64_t session, PushConnect request) {
-  auto it = push_peers.find(session);
-  if (it == push_peers.end() || it->second.stage != PushPeer::Stage::offered) {
+  const auto offered = push_peers.begin_connecting(session);
+  if (!offered) {
     ++stats.refused_requests;
     co_return refusal(errc::protocol, "push_connect without a push_offer waiting for it");
   }
-  it->second.stage = PushPeer::Stage::connecting;
-  const auto peer = it->second.peer;
+  const auto peer = *offered;
   // The backend checks every byte of the answer before its provider sees it
   // (what it cannot check is the trust OwnerConfig::accept_push states).
   auto connected =
       co_await registry->backend()->async_peer_complete(peer, std::move(request.peer_answer), asio::use_awaitable);
   if (!connected) {
     ++stats.refused_requests;
-    push_peers.erase(session);
+    push_peers.forget(session);
     (void)co_await registry->backend()->async_peer_close(peer, asio::use_awaitable);
     co_return error_reply(connected.error());
   }
-  push_peers.at(session).stage = PushPeer::Stage::ready;
+  push_peers.connected(session);
   co_return rendezvous::PushReady{};
 }
 
@@ -98,8 +94,8 @@ asio::awaitable<Message> Owner::State::push(std::uint64_t session, Push request)
     ++stats.refused_requests;
     co_return error_reply(landing.error());
   }
-  auto it = push_peers.find(session);
-  if (it == push_peers.end() || it->second.stage != PushPeer::Stage::ready) {
+  const auto ready = push_peers.ready(session);
+  if (!ready) {
     ++stats.refused_requests;
     co_return refusal(errc::not_configured, "no push peer on this connection: push_open and push_connect first");
   }
@@ -107,7 +103,7 @@ asio::awaitable<Message> Owner::State::push(std::uint64_t session, Push request)
     ++stats.refused_requests;
     co_return refusal(errc::invalid_key, "the landing names another backend");
   }
-  const auto peer = it->second.peer;
+  const auto peer = *ready;
   if (auto valid = check_object_name(request.name); !valid) {
     ++stats.refused_requests;
     co_return error_reply(valid.error());
@@ -124,12 +120,10 @@ asio::awaitable<Message> Owner::State::push(std::uint64_t session, Push request)
   if (refresh_resolver) refresh_resolver();
   Result<PublishedObject> object = find(request.name);
   if (!publications.contains(request.name) && async_resolver) {
-    // Given up with its connection, as an acquire's look-up is.
-    auto& lookups = push_peers.at(session).lookups;
-    const auto lookup = lookups.emplace(lookups.end());
-    object = co_await resolve(request.name, lookup->slot());
-    // The peer outlives every push on it (closed only once they are answered).
-    push_peers.at(session).lookups.erase(lookup);
+    // Given up with its connection, as an acquire's look-up is. (The peer
+    // outlives every push on it: closed only once they are answered.)
+    PushPeerTable::LookUp lookup(push_peers, session);
+    object = co_await resolve(request.name, lookup.slot());
   }
   if (!object) {
     if (!object.error().is(errc::region_not_found)) co_return error_reply(object.error());
@@ -191,21 +185,10 @@ asio::awaitable<Message> Owner::State::push(std::uint64_t session, Push request)
   co_return rendezvous::Pushed{size, generation};
 }
 
-void Owner::State::give_up_push_lookups(std::uint64_t session) {
-  auto it = push_peers.find(session);
-  if (it == push_peers.end()) return;
-  // The resolver's answers come back through a post, so none of them
-  // erases from the list while it is walked.
-  for (auto& lookup : it->second.lookups) lookup.emit(asio::cancellation_type::terminal);
-}
-
 asio::awaitable<void> Owner::State::close_push_peer(std::uint64_t session) {
-  auto it = push_peers.find(session);
-  if (it == push_peers.end()) co_return;
-  const auto peer = it->second.peer;
-  const bool made = it->second.stage != PushPeer::Stage::opening;
-  push_peers.erase(it);
-  if (made) (void)co_await registry->backend()->async_peer_close(peer, asio::use_awaitable);
+  if (const auto peer = push_peers.take(session)) {
+    (void)co_await registry->backend()->async_peer_close(*peer, asio::use_awaitable);
+  }
 }
 
 }  // namespace corma

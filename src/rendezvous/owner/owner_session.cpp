@@ -153,7 +153,7 @@ asio::awaitable<void> Owner::State::session(asio::ip::tcp::socket socket) {
   // waiting for their turn are given up, and so are the look-ups of
   // acquires and pushes under way.
   work.drop(session_id);
-  give_up_push_lookups(session_id);
+  push_peers.give_up_lookups(session_id);
   co_await answers.until_below(1);
   connection->close();
   listed.reset();

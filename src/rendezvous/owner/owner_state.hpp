@@ -17,6 +17,7 @@
 #include "rendezvous/owner/export_table.hpp"
 #include "rendezvous/owner/lease_table.hpp"
 #include "rendezvous/owner/publications.hpp"
+#include "rendezvous/owner/push_peer_table.hpp"
 #include "rendezvous/owner/work_dispatcher.hpp"
 #include "rendezvous/protocol/framed_connection.hpp"
 #include "rendezvous/protocol/messages.hpp"
@@ -294,18 +295,10 @@ struct Owner::State : std::enable_shared_from_this<State> {
 
   // ---- push (owner_push.cpp) ----
 
-  /// A connection's push peer: this owner's backend initiates it, so that
-  /// it may write into the consumer (the hello's peer goes the other way).
-  struct PushPeer {
-    enum class Stage { opening, offered, connecting, ready };
-    Stage stage = Stage::opening;
-    PeerId peer{};
-    /// One per push whose object is being looked up: emitted when the
-    /// connection goes, so that a cold read nobody waits for stops.
-    std::list<boost::asio::cancellation_signal> lookups;
-  };
-  /// By session; closed when the session ends.
-  std::unordered_map<std::uint64_t, PushPeer> push_peers;
+  /// Each connection's push peer: this owner's backend initiates it, so
+  /// that it may write into the consumer (the hello's peer goes the other
+  /// way). Closed when the session ends.
+  rendezvous::PushPeerTable push_peers;
 
   /// Works on a push request (push_open, push_connect or push) in the
   /// background and answers it in `answers`.
@@ -315,9 +308,6 @@ struct Owner::State : std::enable_shared_from_this<State> {
   /// Writes the object into the consumer's landing, then notifies or
   /// flushes, so that `pushed` is answered once the bytes are in place.
   Awaitable<Message> push(std::uint64_t session, Push request);
-  /// The connection went: the look-ups its pushes wait for are given up
-  /// (answered `cancelled`), so that the session's end does not wait for them.
-  void give_up_push_lookups(std::uint64_t session);
   /// The session ended: its push peer is closed.
   Awaitable<void> close_push_peer(std::uint64_t session);
 
