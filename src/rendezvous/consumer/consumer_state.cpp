@@ -388,10 +388,14 @@ asio::awaitable<Result<void>> Consumer::State::rdma_get(RegionGuard guard,
   co_return got;
 }
 
+std::optional<Consumer::State::KeyInUse> Consumer::State::imported_key(const PackedKey& packed) const {
+  auto found = imported_keys.find(packed);
+  if (found == imported_keys.end()) return std::nullopt;
+  return KeyInUse{found->second.key, found->second.users};
+}
+
 asio::awaitable<Result<Consumer::State::KeyInUse>> Consumer::State::key_for(const PackedKey& packed) {
-  if (auto found = imported_keys.find(packed); found != imported_keys.end()) {
-    co_return KeyInUse{found->second.key, found->second.users};
-  }
+  if (auto found = imported_key(packed)) co_return std::move(*found);
   if (!peer) co_return fail(errc::peer_unreachable, "no RDMA peer for this owner");
   const auto backend = registry->backend();
   if (imported_keys.size() >= std::max<std::size_t>(config.max_imported_keys, 1)) {

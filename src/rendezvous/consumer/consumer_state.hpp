@@ -16,7 +16,7 @@
 
 #include <cstdint>
 #include <functional>
-#include <map>
+#include <unordered_map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -84,9 +84,16 @@ struct Consumer::State {
     std::shared_ptr<const void> users = std::make_shared<char>();
     [[nodiscard]] bool in_use() const noexcept { return users.use_count() > 1; }
   };
+  /// Hashes a packed key's bytes: a set looks one up per object it reads.
+  struct PackedKeyHash {
+    std::size_t operator()(const PackedKey& packed) const noexcept {
+      return std::hash<std::string_view>{}(
+          std::string_view(reinterpret_cast<const char*>(packed.data()), packed.size()));
+    }
+  };
   /// Remote keys imported for `peer`, by their packed bytes: a key packed the
   /// same way names the same memory, so it is imported once.
-  std::map<PackedKey, ImportedKey> imported_keys;
+  std::unordered_map<PackedKey, ImportedKey, PackedKeyHash> imported_keys;
   /// The RDMA transfers running now: when the owner is lost each is
   /// cancelled (terminal), so that none waits for a dead peer.
   std::set<boost::asio::cancellation_signal*> transfers;
@@ -188,6 +195,8 @@ struct Consumer::State {
     std::shared_ptr<const void> hold;
   };
   Awaitable<Result<KeyInUse>> key_for(const PackedKey& packed);
+  /// The same for a key imported already; nothing when it must be imported.
+  [[nodiscard]] std::optional<KeyInUse> imported_key(const PackedKey& packed) const;
 
   // ---- fetches ------------------------------------------------------------------------
 

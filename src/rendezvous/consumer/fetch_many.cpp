@@ -259,14 +259,28 @@ class ManyFetch {
         object.outcome.path = Path::rdma;
         continue;
       }
-      auto get = co_await batched_get(object, keys_in_use);
-      if (!get) {
+      std::optional<Error> refused;
+      auto remote = remote_of(object);
+      std::optional<Consumer::State::KeyInUse> key;
+      if (!remote) {
+        refused = remote.error();
+      } else if (key = s_.imported_key(remote.value().packed_key); !key) {
+        // Its key is not imported yet: the only step of a read that waits
+        // (a warm set reads its objects without a coroutine each).
+        auto imported = co_await s_.key_for(remote.value().packed_key);
+        if (imported) {
+          key = std::move(imported).value();
+        } else {
+          refused = std::move(imported).error();
+        }
+      }
+      if (refused) {
         object.needs_chunks = true;
         object.outcome.reason = ChunkedReason::rdma_failed;
-        object.outcome.failure = get.error().message();
+        object.outcome.failure = refused->message();
         continue;
       }
-      gets.push_back(std::move(get).value());
+      gets.push_back(batched_get(object, std::move(remote).value(), std::move(*key), keys_in_use));
       reading.push_back(&object);
     }
     if (gets.empty()) co_return;
@@ -331,20 +345,22 @@ class ManyFetch {
     }
   }
 
-  /// The seam batch element reading `object` into its slot, with the key
-  /// imported for its export.
-  asio::awaitable<Result<BatchedGet>> batched_get(const Leased& object,
-                                                  std::vector<std::shared_ptr<const void>>& keys_in_use) {
-    CORMA_CO_TRY(auto remote, decode_descriptor(object.rdma->descriptor));
-    if (remote.len != object.outcome.size) {
-      co_return fail(errc::protocol, "descriptor length differs from the object size");
-    }
-    CORMA_CO_TRY(auto key, co_await s_.key_for(remote.packed_key));
+  /// The remote region `object`'s grant names.
+  static Result<RemoteRegion> remote_of(const Leased& object) {
+    CORMA_TRY(auto remote, decode_descriptor(object.rdma->descriptor));
+    if (remote.len != object.outcome.size) return fail(errc::protocol, "descriptor length differs from the object size");
+    return remote;
+  }
+
+  /// The seam batch element reading `object` (in `remote`) into its slot
+  /// through `key`, which stays in use (`keys_in_use`) until the batch ended.
+  BatchedGet batched_get(const Leased& object, RemoteRegion remote, Consumer::State::KeyInUse key,
+                         std::vector<std::shared_ptr<const void>>& keys_in_use) const {
     keys_in_use.push_back(std::move(key.hold));
     remote.packed_key.clear();  // the imported key names it
     const auto& slot = slots_[object.index];
-    co_return BatchedGet{slot.region, std::move(remote),
-                         TransferRange{slot.offset, object.slice.offset, object.slice.length}, key.key};
+    return BatchedGet{slot.region, std::move(remote),
+                      TransferRange{slot.offset, object.slice.offset, object.slice.length}, key.key};
   }
 
   /// Hands a batch's leases back in one request (its answer is read by

@@ -5,6 +5,8 @@
 // count of evictions, which the registry bumps from any thread).
 #pragma once
 
+#include "rendezvous/owner/name_map.hpp"
+
 #include <corma/owner.hpp>
 #include <corma/registry.hpp>
 
@@ -15,7 +17,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -88,13 +89,13 @@ class ExportTable {
   /// The registration each name's leases read now. Between leases a
   /// published object stays registered in the registry's cache, which
   /// also evicts it for room.
-  std::map<std::string, std::weak_ptr<Export>, std::less<>> current_;
+  NameMap<std::weak_ptr<Export>> current_;
   /// How many entries `current_` had after its last sweep of expired ones:
   /// it is swept again when it has doubled, so a server of many names
   /// (corma serve) keeps entries for the exports alive, not for every name
   /// it ever lent.
   std::size_t after_sweep_ = 0;
-  std::map<std::string, std::shared_ptr<boost::asio::steady_timer>, std::less<>> registering_;
+  NameMap<std::shared_ptr<boost::asio::steady_timer>> registering_;
   std::shared_ptr<std::atomic<std::uint64_t>> evicted_ = std::make_shared<std::atomic<std::uint64_t>>(0);
 };
 

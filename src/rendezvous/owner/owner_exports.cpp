@@ -38,22 +38,40 @@ RegistrationOptions Owner::State::export_options(const PublishedObject& object, 
   return RegistrationOptions{Caching::keep, object.keepalive, exports.eviction_counter()};
 }
 
+namespace {
+
+/// Exports are registered read-only: peers may get from them, never put into them.
+std::span<std::byte> exported_memory(const PublishedObject& object) {
+  return {const_cast<std::byte*>(object.bytes.data()), object.bytes.size()};
+}
+
+}  // namespace
+
+std::shared_ptr<Export> Owner::State::export_at_once(const std::string& name, const PublishedObject& object,
+                                                     bool cacheable) {
+  if (auto ready = exports.ready(name, object)) return ready;
+  if (export_options(object, cacheable).caching != Caching::keep) return nullptr;
+  auto guard = registry->find_cached(exported_memory(object), Access::remote_read);
+  if (!guard) return nullptr;
+  auto descriptor = describe(guard.value().remote());
+  if (!descriptor) return nullptr;  // registered the slow way, which reports the error
+  auto exported = std::make_shared<Export>(std::move(guard).value(), std::move(descriptor).value(), object.keepalive);
+  exports.record(name, exported);
+  return exported;
+}
+
 asio::awaitable<Result<std::shared_ptr<Export>>> Owner::State::register_export(const std::string& name,
                                                                                const PublishedObject& object,
                                                                                bool cacheable) {
+  if (auto cached = export_at_once(name, object, cacheable)) co_return cached;
   const auto publication = publications.publication_of(name);
-  // Registered read-only: peers may get from it, never put into it.
-  std::span<std::byte> memory(const_cast<std::byte*>(object.bytes.data()), object.bytes.size());
+  std::span<std::byte> memory = exported_memory(object);
   auto options = export_options(object, cacheable);
   const bool kept = options.caching == Caching::keep;
-  Result<RegionGuard> guard = kept ? registry->find_cached(memory, Access::remote_read)
-                                   : Error{errc::region_not_found};
-  if (!guard && guard.error().is(errc::region_not_found)) {
-    // The registry gives idle cached registrations back first when the budget needs room.
-    guard = co_await registry->async_register(memory, Access::remote_read, std::move(options), asio::use_awaitable);
-    if (guard) ++stats.exports_registered;
-  }
+  // The registry gives idle cached registrations back first when the budget needs room.
+  auto guard = co_await registry->async_register(memory, Access::remote_read, std::move(options), asio::use_awaitable);
   if (!guard) co_return std::move(guard).error();
+  ++stats.exports_registered;
   CORMA_CO_TRY(auto descriptor, describe(guard.value().remote()));
   auto exported = std::make_shared<Export>(std::move(guard).value(), std::move(descriptor), object.keepalive);
   if (publications.publication_of(name) == publication) {

@@ -93,7 +93,7 @@ Owner::State::PreparedAcquire Owner::State::decide(PendingAcquire pending, Resul
   if (draining) return grant_lease(std::move(lease), ChunkedReason::draining);
   if (!pending.wants_rdma || !pending.rdma_peer) return grant_lease(std::move(lease), ChunkedReason::no_offer);
   if (size < config.rdma_threshold) return grant_lease(std::move(lease), ChunkedReason::below_threshold);
-  if (auto ready = exports.ready(lease.name, lease.object)) {
+  if (auto ready = export_at_once(lease.name, lease.object, pending.cacheable)) {
     lease.exported = std::move(ready);
     return grant_lease(std::move(lease), std::nullopt);
   }

@@ -236,6 +236,13 @@ struct Owner::State : std::enable_shared_from_this<State> {
   Awaitable<Result<std::shared_ptr<Export>>> register_export(const std::string& name, const PublishedObject& object,
                                                              bool cacheable);
 
+  /// The live export of `object`, or one made at once from a registration
+  /// the registry keeps cached for it (recorded for the leases after):
+  /// null when a registration is needed. No waiting, so a warm acquire
+  /// (whose last lease ended, leaving only the cached registration) is
+  /// granted in its turn without a coroutine of its own.
+  std::shared_ptr<Export> export_at_once(const std::string& name, const PublishedObject& object, bool cacheable);
+
   /// The length of a window starting at `start`, for one of `sharers`
   /// leases lent in windows now: the budget split in `sharers + 1` shares
   /// (one kept free, so a newcomer finds room and the shares shrink as

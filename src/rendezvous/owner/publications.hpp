@@ -5,12 +5,13 @@
 // versions of one name. Used on the owner's executor alone.
 #pragma once
 
+#include "rendezvous/owner/name_map.hpp"
+
 #include <corma/owner.hpp>
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -59,8 +60,8 @@ class Publications {
     std::uint64_t generation = 0;
   };
 
-  std::map<std::string, Publication, std::less<>> published_;
-  std::map<std::string, ResolvedVersion, std::less<>> resolved_;
+  NameMap<Publication> published_;
+  NameMap<ResolvedVersion> resolved_;
   /// Swept of versions gone when it has doubled since.
   std::size_t resolved_after_sweep_ = 0;
   std::uint64_t last_generation_ = 0;
